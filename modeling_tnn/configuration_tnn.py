@@ -1,0 +1,175 @@
+"""Configuration of Toeplitz Neural Networks (TNN, FD-TNN, SKI-TNN)."""
+
+from __future__ import annotations
+
+import copy
+
+from transformers import PretrainedConfig
+
+TOKEN_MIXERS = ("dense", "fd", "ski")
+GENERATION_CACHE_MODES = ("etsc", "exact")
+
+
+class TnnConfig(PretrainedConfig):
+    r"""Configuration of a Toeplitz Neural Network.
+
+    The defaults are the paper's WikiText-103 language model (7 layers, width 512, GTU expansion 3, GLU
+    expansion 1, a 6-layer RPE of width 64, decay 0.99).
+
+    Args:
+        vocab_size: Number of rows of the token embedding.
+        hidden_size: Model width ``d``.
+        num_hidden_layers: Number of TNN blocks.
+        gtu_expand_ratio: Width of the Gated Toeplitz Unit as a multiple of ``hidden_size``; this is the number
+            of channels the token mixer mixes.
+        glu_expand_ratio: Width of the GLU channel mixer as a multiple of ``hidden_size``.
+        rpe_dim: Width of the relative-position encoder (RPE) MLP.
+        rpe_layers: Number of hidden ``[SimpleRMSNorm, ReLU, Linear]`` stages of the RPE.
+        decay_gamma: Exponential decay ``gamma`` in (0, 1]; the dense kernel is ``RPE(k) * gamma**|k|``.
+        token_mixer: ``"dense"`` (TNN, FFT Toeplitz product), ``"fd"`` (RPE in the frequency domain) or
+            ``"ski"`` (band convolution + structured kernel interpolation; bidirectional only).
+        causal: ``None`` lets the model class decide (causal for ``TnnModel``/``TnnForCausalLM``, bidirectional for
+            masked LM and sequence classification); the resolved value is what gets saved.
+        ski_rank: Number of SKI inducing points (at least 2).
+        ski_kernel_size: Odd width of SKI's centred band convolution.
+        fd_kernel_length: FD samples its RPE on the rfft grid of FFT size ``2 * fd_kernel_length``, so its kernel
+            has a fixed support of ``fd_kernel_length`` lags whatever the input length (the receptive field).
+        etsc_length: Length ``L`` of the ETSC Toeplitz-to-SSM conversion (the number of SSM modes).
+        generation_cache: ``"etsc"`` (constant time and memory per token, exact up to ``etsc_length`` tokens) or
+            ``"exact"`` (exact at every length: a ring buffer for FD, the mixer-input history for dense).
+        dropout: Dropout on the embeddings and on each residual branch.
+        initializer_range: Standard deviation of the classification heads' initialisation.
+    """
+
+    model_type = "tnn"
+    _auto_class = "AutoConfig"  # save_pretrained copies this file beside config.json (remote code)
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+
+    def __init__(
+        self,
+        vocab_size: int = 50264,
+        hidden_size: int = 512,
+        num_hidden_layers: int = 7,
+        gtu_expand_ratio: float = 3,
+        glu_expand_ratio: float = 1,
+        rpe_dim: int = 64,
+        rpe_layers: int = 6,
+        decay_gamma: float = 0.99,
+        token_mixer: str = "dense",
+        causal: bool | None = None,
+        ski_rank: int = 32,
+        ski_kernel_size: int = 17,
+        fd_kernel_length: int = 512,
+        etsc_length: int = 512,
+        generation_cache: str = "etsc",
+        dropout: float = 0.1,
+        initializer_range: float = 0.02,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        tie_word_embeddings: bool = True,
+        use_cache: bool = True,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.gtu_expand_ratio = gtu_expand_ratio
+        self.glu_expand_ratio = glu_expand_ratio
+        self.rpe_dim = rpe_dim
+        self.rpe_layers = rpe_layers
+        self.decay_gamma = decay_gamma
+        self.token_mixer = token_mixer
+        self.causal = causal
+        self.ski_rank = ski_rank
+        self.ski_kernel_size = ski_kernel_size
+        self.fd_kernel_length = fd_kernel_length
+        self.etsc_length = etsc_length
+        self.generation_cache = generation_cache
+        self.dropout = dropout
+        self.initializer_range = initializer_range
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.tie_word_embeddings = tie_word_embeddings
+        self.use_cache = use_cache
+        self.validate_fields()  # before the base class, whose own checks would raise a less helpful error
+        super().__init__(**kwargs)
+
+    # -- validation -------------------------------------------------------------------------------------------
+    def validate_fields(self) -> None:
+        """Raise ``ValueError`` naming the first field whose value is not allowed."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "rpe_dim", "ski_rank", "ski_kernel_size",
+                     "fd_kernel_length", "etsc_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"TnnConfig.{name} must be a positive integer, got {value!r}.")
+        if isinstance(self.rpe_layers, bool) or not isinstance(self.rpe_layers, int) or self.rpe_layers < 0:
+            raise ValueError(f"TnnConfig.rpe_layers must be a non-negative integer, got {self.rpe_layers!r}.")
+        for name in ("gtu_expand_ratio", "glu_expand_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or int(value * self.hidden_size) < 1:
+                raise ValueError(
+                    f"TnnConfig.{name} must be a positive number with {name} * hidden_size >= 1, got {value!r}."
+                )
+        if self.token_mixer not in TOKEN_MIXERS:
+            raise ValueError(f"TnnConfig.token_mixer must be one of {TOKEN_MIXERS}, got {self.token_mixer!r}.")
+        if not isinstance(self.decay_gamma, (int, float)) or not 0 < self.decay_gamma <= 1:
+            raise ValueError(f"TnnConfig.decay_gamma must lie in (0, 1], got {self.decay_gamma!r}.")
+        if self.ski_kernel_size % 2 == 0:
+            raise ValueError(f"TnnConfig.ski_kernel_size must be odd (a centred band), got {self.ski_kernel_size}.")
+        if self.ski_rank < 2:
+            raise ValueError(f"TnnConfig.ski_rank must be at least 2 (inducing points), got {self.ski_rank}.")
+        if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"TnnConfig.dropout must lie in [0, 1), got {self.dropout!r}.")
+        if self.causal not in (None, True, False):
+            raise ValueError(f"TnnConfig.causal must be None, True or False, got {self.causal!r}.")
+        if self.generation_cache not in GENERATION_CACHE_MODES:
+            raise ValueError(
+                f"TnnConfig.generation_cache must be one of {GENERATION_CACHE_MODES}, got {self.generation_cache!r}."
+            )
+        if self.causal is True and self.token_mixer == "ski":
+            raise ValueError(self._causal_ski_message())
+
+    @staticmethod
+    def _causal_ski_message() -> str:
+        return (
+            "TnnConfig.token_mixer='ski' is bidirectional only, but the model is causal (causal=True). SKI's "
+            "per-length inducing grid can be neither causal-consistent nor turned into a recurrence (the paper drops "
+            "SKI for causal models): use token_mixer='fd' or 'dense', or set causal=False."
+        )
+
+    def resolve_causal(self, default: bool, allowed: tuple[bool, ...], head: str) -> "TnnConfig":
+        """Return the config a model class should hold: ``causal`` resolved to ``default`` when it is ``None``.
+
+        Raises ``ValueError`` when an explicit ``causal`` contradicts the head (for example a masked LM with
+        ``causal=True``) or when SKI is asked to be causal.
+        """
+        config = self
+        if self.causal is None:
+            config = copy.deepcopy(self)
+            config.causal = default
+        if config.causal not in allowed:
+            allowed_text = " or ".join(str(v) for v in allowed)
+            raise ValueError(
+                f"TnnConfig.causal={config.causal} contradicts {head}, which needs causal={allowed_text} "
+                "(or causal=None to let the class decide)."
+            )
+        if config.causal and config.token_mixer == "ski":
+            raise ValueError(config._causal_ski_message() + f" (building {head})")
+        return config
+
+    # -- derived sizes ---------------------------------------------------------------------------------------------
+    @property
+    def gtu_dim(self) -> int:
+        """Number of channels of the GTU, i.e. of the token mixer."""
+        return int(self.gtu_expand_ratio * self.hidden_size)
+
+    @property
+    def glu_dim(self) -> int:
+        return int(self.glu_expand_ratio * self.hidden_size)
+
+    @property
+    def layer_types(self) -> list[str]:
+        # transformers' mask builder (5.23) treats "linear_attention" layers as recurrent, not as KV attention.
+        return ["linear_attention"] * self.num_hidden_layers

@@ -1,0 +1,418 @@
+"""Toeplitz Neural Network models for Hugging Face Transformers: blocks, the base model and three heads."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
+
+from .configuration_tnn import TnnConfig
+from .mixer_base import TokenMixer
+from .rpe import SimpleRMSNorm
+from .tno_dense import DenseTno
+
+# transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; support both.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+_GENERATION_CACHE_KWARG = (
+    "cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    else "past_key_values"
+)
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_tnn.TnnConfig",
+    "AutoModel": "modeling_tnn.TnnModel",
+    "AutoModelForCausalLM": "modeling_tnn.TnnForCausalLM",
+    "AutoModelForMaskedLM": "modeling_tnn.TnnForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_tnn.TnnForSequenceClassification",
+}
+
+
+def build_token_mixer(config: TnnConfig, channels: int) -> TokenMixer:
+    """The token mixer named by ``config.token_mixer``."""
+    if config.token_mixer == "dense":
+        return DenseTno(config, channels)
+    raise NotImplementedError(
+        f"token_mixer={config.token_mixer!r} is not implemented yet; use token_mixer='dense'."
+    )
+
+
+class Gtu(nn.Module):
+    """Gated Toeplitz Unit: ``W_o(silu(W_u x) * TokenMixer(silu(W_v x)))``; pad positions of the mixer input are
+    zeroed so that padding never reaches a real token."""
+
+    def __init__(self, config: TnnConfig):
+        super().__init__()
+        width = config.gtu_dim
+        self.u_proj = nn.Linear(config.hidden_size, width)
+        self.v_proj = nn.Linear(config.hidden_size, width)
+        self.o_proj = nn.Linear(width, config.hidden_size)
+        self.token_mixer = build_token_mixer(config, width)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        u = F.silu(self.u_proj(x))
+        v = F.silu(self.v_proj(x))
+        if attention_mask is not None:
+            v = v * attention_mask[..., None].to(v.dtype)
+        return self.o_proj(u * self.token_mixer(v, attention_mask))
+
+
+class Glu(nn.Module):
+    """Channel mixer ``W3(silu(W1 x) * W2 x)``."""
+
+    def __init__(self, config: TnnConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.glu_dim)
+        self.up_proj = nn.Linear(config.hidden_size, config.glu_dim)
+        self.down_proj = nn.Linear(config.glu_dim, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TnnBlock(GradientCheckpointingLayer):
+    """Pre-norm block: ``x += drop(GTU(norm(x)))``, ``x += drop(GLU(norm(x)))``."""
+
+    def __init__(self, config: TnnConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.token_norm = SimpleRMSNorm()
+        self.gtu = Gtu(config)
+        self.channel_norm = SimpleRMSNorm()
+        self.glu = Glu(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden_states = hidden_states + self.dropout(self.gtu(self.token_norm(hidden_states), attention_mask))
+        return hidden_states + self.dropout(self.glu(self.channel_norm(hidden_states)))
+
+
+class TnnPreTrainedModel(PreTrainedModel):
+    """Weight initialisation, Auto-class wiring and Hub-ready saving shared by every TNN model."""
+
+    config_class = TnnConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TnnBlock"]
+    _supports_sdpa = False
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _can_compile_fullgraph = False
+    # (default causal value, allowed causal values) of each class; `None` keeps the config as it is.
+    _causal_default: bool = True
+    _causal_allowed: tuple[bool, ...] = (True, False)
+
+    def __init__(self, config: TnnConfig, *inputs, **kwargs):
+        config = config.resolve_causal(self._causal_default, self._causal_allowed, type(self).__name__)
+        super().__init__(config, *inputs, **kwargs)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # PyTorch's default Linear init, as the paper: transformers' default (zero biases) collapses the RPE to
+        # three distinct values (SimpleRMSNorm(w * p) = sign(p) w / rms(w)).
+        if isinstance(module, nn.Linear):
+            init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+            if module.bias is not None:
+                bound = 1 / math.sqrt(module.weight.shape[1]) if module.weight.shape[1] > 0 else 0
+                init.uniform_(module.bias, -bound, bound)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=module.embedding_dim**-0.5)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # A recurrent model: generate must not build a DynamicCache (KV) for it.
+        return False
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save a Hub-ready folder: weights, config with an ``auto_map`` for all five Auto classes, and the model
+        code, so the folder loads with ``trust_remote_code=True`` where ``modeling_tnn`` is not installed."""
+        self.config.auto_map = dict(AUTO_MAP)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+def _check_attention_mask(attention_mask: torch.Tensor | None, input_shape: torch.Size) -> torch.Tensor | None:
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape != input_shape:
+        raise ValueError(
+            f"attention_mask must be a 2-D (batch, sequence) padding mask of shape {tuple(input_shape)}, got shape "
+            f"{tuple(attention_mask.shape)}."
+        )
+    return attention_mask
+
+
+class TnnModel(TnnPreTrainedModel):
+    """The TNN backbone: scaled token embeddings (no positional embeddings), TNN blocks, a final LayerNorm."""
+
+    _auto_class = "AutoModel"
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        config = self.config  # causal resolved
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.embed_scale = math.sqrt(config.hidden_size)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(TnnBlock(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(config.hidden_size)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache=None,
+        past_key_values=None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        """Run the backbone. ``attention_mask`` is a 2-D padding mask (1 = token, 0 = padding)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if inputs_embeds is None:
+            inputs_embeds = self.embeddings(input_ids)
+        attention_mask = _check_attention_mask(attention_mask, inputs_embeds.shape[:2])
+
+        hidden_states = self.dropout(inputs_embeds * self.embed_scale)
+        all_hidden_states = () if output_hidden_states else None
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            hidden_states = layer(hidden_states, attention_mask=attention_mask)
+        hidden_states = self.final_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        output = BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
+        return output if return_dict else output.to_tuple()
+
+
+class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
+    """TNN with a language-modelling head tied to the input embedding."""
+
+    _auto_class = "AutoModelForCausalLM"
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+    _causal_default = True
+    _causal_allowed = (True,)
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        self.model = TnnModel(self.config)
+        self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embeddings = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache=None,
+        past_key_values=None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        """Causal LM forward; ``labels`` are the unshifted input ids (the loss shifts them), -100 is ignored."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int):
+            hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        else:
+            hidden_states = hidden_states[:, logits_to_keep]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return output if return_dict else output.to_tuple()
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, attention_mask=None, **kwargs):
+        cache = kwargs.pop("cache", None)
+        if cache is None:
+            cache = kwargs.pop("past_key_values", None)
+        if cache is None:
+            next_sequence_length = None  # no recurrent state yet: the whole prefix goes through the FFT path
+        model_inputs = super().prepare_inputs_for_generation(
+            input_ids, next_sequence_length=next_sequence_length, attention_mask=None,
+            **{_GENERATION_CACHE_KWARG: cache}, **kwargs
+        )
+        if attention_mask is not None:
+            # Keep the 2-D padding mask: transformers would turn it into a 4-D attention mask.
+            model_inputs["attention_mask"] = attention_mask
+        return model_inputs
+
+
+class TnnMaskedLMHead(nn.Module):
+    """``decoder(LayerNorm(gelu(dense(x))))`` with the decoder tied to the input embedding."""
+
+    def __init__(self, config: TnnConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(F.gelu(self.dense(hidden_states))))
+
+
+class TnnForMaskedLM(TnnPreTrainedModel):
+    """Bidirectional TNN with a masked-language-modelling head."""
+
+    _auto_class = "AutoModelForMaskedLM"
+    _tied_weights_keys = {"lm_head.decoder.weight": "model.embeddings.weight"}
+    _causal_default = False
+    _causal_allowed = (False,)
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        self.model = TnnModel(self.config)
+        self.lm_head = TnnMaskedLMHead(self.config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embeddings = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head.decoder = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        """Masked LM forward; ``labels`` hold the original ids at masked positions and -100 elsewhere."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                             output_hidden_states=output_hidden_states, return_dict=True)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return output if return_dict else output.to_tuple()
+
+
+class TnnForSequenceClassification(TnnPreTrainedModel):
+    """TNN with a classification/regression head. Causal models pool the last real token, bidirectional models
+    take the masked mean; ``config.problem_type`` selects regression, single- or multi-label classification."""
+
+    _auto_class = "AutoModelForSequenceClassification"
+    _causal_default = False
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        self.num_labels = self.config.num_labels
+        self.model = TnnModel(self.config)
+        self.dense = nn.Linear(self.config.hidden_size, self.config.hidden_size)
+        self.dropout = nn.Dropout(self.config.dropout)
+        self.score = nn.Linear(self.config.hidden_size, self.config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embeddings = value
+
+    def _padding_mask(self, input_ids, attention_mask, shape, device) -> torch.Tensor:
+        if attention_mask is not None:
+            return attention_mask
+        if input_ids is not None and self.config.pad_token_id is not None:
+            return (input_ids != self.config.pad_token_id).long()
+        return torch.ones(shape, dtype=torch.long, device=device)
+
+    def pool(self, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Last real token (causal; works for left and right padding) or masked mean (bidirectional)."""
+        if self.config.causal:
+            positions = torch.arange(mask.shape[1], device=mask.device)
+            last = (positions * (mask > 0)).argmax(dim=1)
+            return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last]
+        weights = mask.to(hidden_states.dtype)[..., None]
+        return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        """Classify whole sequences; ``labels`` are class ids, floats (regression) or multi-hot rows."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        embeds_shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        mask = self._padding_mask(input_ids, attention_mask, embeds_shape, device)
+        outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds,
+                             output_hidden_states=output_hidden_states, return_dict=True)
+        pooled = self.pool(outputs.last_hidden_state, mask)
+        logits = self.score(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
+        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return output if return_dict else output.to_tuple()

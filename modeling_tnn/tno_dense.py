@@ -1,0 +1,49 @@
+"""The original TNN token mixer: a Toeplitz matrix whose coefficients an RPE MLP builds, with exponential decay,
+applied by FFT in O(n log n)."""
+
+from __future__ import annotations
+
+import torch
+
+from .configuration_tnn import TnnConfig
+from .mixer_base import TokenMixer, fft_convolve, fft_length
+from .rpe import Rpe
+
+
+class DenseTno(TokenMixer):
+    """Toeplitz neural operator: ``t_k = RPE(k) * gamma**|k|`` (``t_k = 0`` for ``k < 0`` when causal)."""
+
+    def __init__(self, config: TnnConfig, channels: int):
+        super().__init__(channels, causal=bool(config.causal))
+        self.gamma = float(config.decay_gamma)
+        self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels)
+
+    def rpe_values(self, lags: torch.Tensor) -> torch.Tensor:
+        """The pre-decay kernel ``RPE(k)`` at integer ``lags`` (L,) -> (L, channels)."""
+        return self.rpe(lags)
+
+    def coefficients(self, n: int, device: torch.device) -> torch.Tensor:
+        """Kernel values at lags ``0..n-1`` (causal) or ``-(n-1)..n-1`` (bidirectional), shape (lags, channels)."""
+        start = 0 if self.causal else -(n - 1)
+        lags = torch.arange(start, n, device=device)
+        values = self.rpe_values(lags)
+        decay = self.gamma ** lags.abs().to(values.dtype)
+        return values * decay[:, None]
+
+    def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """rfft of the circulant embedding of the kernel: lag k at slot k, lag -k at slot fft_len - k."""
+        coeffs = self.coefficients(n, device).to(dtype)
+        layout = coeffs.new_zeros(fft_len, self.channels)
+        if self.causal:
+            layout[:n] = coeffs
+        else:
+            layout[:n] = coeffs[n - 1:]
+            layout[fft_len - (n - 1):] = coeffs[: n - 1]
+        return torch.fft.rfft(layout, dim=0)
+
+    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        n = x.shape[1]
+        fft_len = fft_length(n)
+        spectrum = self.cached(("spectrum", n, x.device, x.dtype),
+                               lambda: self.spectrum(n, fft_len, x.device, x.dtype))
+        return fft_convolve(x, spectrum, fft_len)

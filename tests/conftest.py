@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny configs for every token mixer, a tokenizer trained on the fly, the shared data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from modeling_tnn import load_preset
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Token mixers available to every model class; causal classes use CAUSAL_MIXERS (SKI is bidirectional only).
+MIXERS = ("dense",)
+CAUSAL_MIXERS = tuple(m for m in MIXERS if m != "ski")
+
+
+def tiny_config(token_mixer: str = "dense", **overrides):
+    """The tiny preset in float32 with no dropout, so that outputs are deterministic."""
+    values = {"token_mixer": token_mixer, "dropout": 0.0, "pad_token_id": 0}
+    values.update(overrides)
+    return load_preset("tiny", **values)
+
+
+def data_dir() -> Path | None:
+    """``$TNN_DATA_DIR`` or the ``shared/data`` folder laid beside the project, if present."""
+    candidates = [os.environ.get("TNN_DATA_DIR"), PROJECT_ROOT.parent / "shared" / "data"]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    folder = data_dir()
+    if folder is None:
+        pytest.skip("shared data folder not found: set TNN_DATA_DIR or lay shared/data beside the project")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from modeling_tnn.corpus import embedded_corpus
+    from modeling_tnn.tokenizer_training import train_byte_level_bpe
+
+    return train_byte_level_bpe(embedded_corpus()[:20], vocab_size=300)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

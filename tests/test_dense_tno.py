@@ -1,0 +1,99 @@
+"""The dense TNO against the dense Toeplitz matrix, its precision rules and its eval-mode coefficient cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeling_tnn.mixer_base import fft_length
+from modeling_tnn.tno_dense import DenseTno
+
+from conftest import tiny_config
+
+
+def dense_toeplitz(coeffs: torch.Tensor, n: int, causal: bool) -> torch.Tensor:
+    """T[c, i, j] = t_c(i - j), built entry by entry from the coefficients (lags 0.. or -(n-1)..)."""
+    offset = 0 if causal else n - 1
+    matrix = torch.zeros(coeffs.shape[1], n, n, dtype=coeffs.dtype)
+    for i in range(n):
+        for j in range(n):
+            lag = i - j
+            if causal and lag < 0:
+                continue
+            matrix[:, i, j] = coeffs[lag + offset]
+    return matrix
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n", [1, 7, 16, 37])
+def test_fft_product_equals_dense_matrix(causal, n):
+    mixer = DenseTno(tiny_config(causal=causal), channels=5).double().eval()
+    x = torch.randn(3, n, 5, dtype=torch.float64)
+    coeffs = mixer.coefficients(n, x.device)
+    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(coeffs, n, causal), x)
+    torch.testing.assert_close(mixer(x), expected, atol=1e-10, rtol=0)
+
+
+def test_coefficients_are_decayed_rpe_values():
+    mixer = DenseTno(tiny_config(causal=False, decay_gamma=0.9), channels=4).double()
+    coeffs = mixer.coefficients(6, torch.device("cpu"))
+    lags = torch.arange(-5, 6)
+    expected = mixer.rpe_values(lags) * (0.9 ** lags.abs().double())[:, None]
+    torch.testing.assert_close(coeffs, expected)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 37, 70, 100, 1000, 4096])
+def test_fft_length_is_smooth_and_long_enough(n):
+    size = fft_length(n)
+    assert size >= 2 * n
+    rest = size
+    for p in (2, 3, 5):
+        while rest % p == 0:
+            rest //= p
+    assert rest == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_are_upcast(dtype):
+    mixer = DenseTno(tiny_config(), channels=4).eval()
+    x = torch.randn(2, 50, 4)
+    y_half = mixer(x.to(dtype))
+    assert y_half.dtype == dtype
+    # Computed in float32: the only error is rounding the input and the output to half precision.
+    reference = mixer(x.to(dtype).float())
+    torch.testing.assert_close(y_half.float(), reference.to(dtype).float())
+
+
+def test_float64_stays_float64():
+    mixer = DenseTno(tiny_config(), channels=4).double()
+    assert mixer(torch.randn(1, 9, 4, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_eval_cache_reuses_and_invalidates(monkeypatch):
+    mixer = DenseTno(tiny_config(), channels=4)
+    calls = []
+    original = mixer.coefficients
+    monkeypatch.setattr(mixer, "coefficients", lambda n, device: calls.append(n) or original(n, device))
+    x = torch.randn(1, 12, 4)
+    mixer.eval()
+    with torch.no_grad():
+        first = mixer(x)
+        second = mixer(x)
+    assert calls == [12]
+    torch.testing.assert_close(first, second, atol=0, rtol=0)
+    with torch.no_grad():
+        mixer(torch.randn(1, 13, 4))  # another length is another entry
+    assert calls == [12, 13]
+    # A weight update (as an optimizer step does, in place) invalidates the cache.
+    with torch.no_grad():
+        mixer.rpe.out_proj.bias.add_(1.0)
+        third = mixer(x)
+    assert calls == [12, 13, 12]
+    assert not torch.allclose(first, third)
+    # Training mode never reads the cache; returning to eval recomputes.
+    mixer.train()
+    mixer(x)
+    mixer.eval()
+    with torch.no_grad():
+        mixer(x)
+    assert calls == [12, 13, 12, 12, 12]

@@ -1,0 +1,217 @@
+"""Model-level behaviour of every head: causality, exact padding, losses, checkpointing, init, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
+
+from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
+
+# Row lengths padded to 70: rows cross a power of two (37 -> 70) and a row fills the batch.
+LENGTHS = (37, 70, 12)
+
+
+def _outputs(model, input_ids, attention_mask=None):
+    out = model(input_ids=input_ids, attention_mask=attention_mask)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+
+
+def _padded_batch(rows, side, pad_id=0):
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+        ids[i, span] = row
+        mask[i, span] = 1
+    return ids, mask
+
+
+def _random_rows(vocab):
+    return [torch.randint(1, vocab, (n,)) for n in LENGTHS]
+
+
+@pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
+@pytest.mark.parametrize("cls", [TnnModel, TnnForCausalLM])
+def test_causal_models_never_look_ahead(cls, mixer):
+    model = cls(tiny_config(mixer)).double().eval()  # float64: FFT round-off stays far below the tolerance
+    ids = torch.randint(1, 128, (2, 40))
+    changed = ids.clone()
+    p = 23
+    changed[:, p + 1:] = torch.randint(1, 128, (2, 40 - p - 1))
+    with torch.no_grad():
+        a, b = _outputs(model, ids), _outputs(model, changed)
+    torch.testing.assert_close(a[:, : p + 1], b[:, : p + 1], atol=1e-10, rtol=0)
+    assert not torch.allclose(a[:, p + 1:], b[:, p + 1:])
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("cls, side, causal", [
+    (TnnModel, "left", True),
+    (TnnModel, "right", False),
+    (TnnForCausalLM, "left", True),
+    (TnnForMaskedLM, "right", False),
+])
+def test_padded_batch_equals_each_row_alone(cls, side, causal, mixer):
+    if causal and mixer not in CAUSAL_MIXERS:
+        pytest.skip("SKI is bidirectional only")
+    model = cls(tiny_config(mixer, causal=causal)).eval()
+    rows = _random_rows(128)
+    ids, mask = _padded_batch(rows, side)
+    with torch.no_grad():
+        batch = _outputs(model, ids, mask)
+        for i, row in enumerate(rows):
+            alone = _outputs(model, row[None])[0]
+            real = mask[i].bool()
+            torch.testing.assert_close(batch[i][real], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("side, causal", [("right", False), ("left", True), ("right", True)])
+def test_sequence_classification_padding_is_exact(side, causal, mixer):
+    if causal and mixer not in CAUSAL_MIXERS:
+        pytest.skip("SKI is bidirectional only")
+    model = TnnForSequenceClassification(tiny_config(mixer, causal=causal, num_labels=3)).eval()
+    rows = _random_rows(128)
+    ids, mask = _padded_batch(rows, side)
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask).logits
+        alone = torch.cat([model(input_ids=row[None]).logits for row in rows])
+    torch.testing.assert_close(batch, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_classification_mask_defaults_to_pad_token():
+    model = TnnForSequenceClassification(tiny_config(num_labels=2)).eval()
+    ids, mask = _padded_batch(_random_rows(128), "right")
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_causal_lm_loss_matches_shifted_cross_entropy():
+    model = TnnForCausalLM(tiny_config()).eval()
+    ids = torch.randint(1, 128, (2, 16))
+    out = model(input_ids=ids, labels=ids)
+    expected = F.cross_entropy(out.logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+    # Trainer passes num_items_in_batch for gradient accumulation: the loss becomes sum / num_items.
+    summed = F.cross_entropy(out.logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1), reduction="sum")
+    out_n = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(100))
+    torch.testing.assert_close(out_n.loss, summed / 100)
+
+
+def test_masked_lm_loss_ignores_unmasked_positions():
+    model = TnnForMaskedLM(tiny_config()).eval()
+    ids = torch.randint(1, 128, (2, 16))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3] = ids[:, 3]
+    out = model(input_ids=ids, labels=labels)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits[:, 3], ids[:, 3]))
+
+
+@pytest.mark.parametrize("problem_type, num_labels, make_labels, loss_fn", [
+    ("regression", 1, lambda: torch.randn(4), lambda logits, y: F.mse_loss(logits.squeeze(-1), y)),
+    ("single_label_classification", 3, lambda: torch.randint(0, 3, (4,)), F.cross_entropy),
+    ("multi_label_classification", 3, lambda: torch.randint(0, 2, (4, 3)).float(),
+     F.binary_cross_entropy_with_logits),
+])
+def test_sequence_classification_problem_types(problem_type, num_labels, make_labels, loss_fn):
+    model = TnnForSequenceClassification(tiny_config(num_labels=num_labels, problem_type=problem_type)).eval()
+    labels = make_labels()
+    out = model(input_ids=torch.randint(1, 128, (4, 10)), labels=labels)
+    assert out.logits.shape == (4, num_labels)
+    torch.testing.assert_close(out.loss, loss_fn(out.logits, labels))
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_gradient_checkpointing_gives_same_loss_and_gradients(mixer):
+    torch.manual_seed(0)
+    model = TnnForMaskedLM(tiny_config(mixer, dropout=0.1)).train()
+    ids = torch.randint(1, 128, (2, 24))
+
+    def loss_and_grads():
+        torch.manual_seed(1)
+        model.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    loss_plain, grads_plain = loss_and_grads()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+    loss_ckpt, grads_ckpt = loss_and_grads()
+    torch.testing.assert_close(loss_plain, loss_ckpt)
+    assert len(grads_plain) == len(grads_ckpt)
+    for a, b in zip(grads_plain, grads_ckpt):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
+def test_bf16_autocast_forward_is_finite(mixer):
+    model = TnnForCausalLM(tiny_config(mixer)).eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        logits = model(input_ids=torch.randint(1, 128, (2, 33))).logits
+    assert torch.isfinite(logits.float()).all()
+
+
+def test_bfloat16_model_forward_is_finite():
+    model = TnnForCausalLM(tiny_config()).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.randint(1, 128, (2, 33))).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+
+
+@pytest.mark.parametrize("cls", [TnnModel, TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification])
+def test_eval_is_deterministic_and_tuples_equal_dicts(cls):
+    model = cls(tiny_config(dropout=0.1, output_hidden_states=True)).eval()
+    ids = torch.randint(1, 128, (2, 20))
+    with torch.no_grad():
+        first = model(input_ids=ids)
+        second = model(input_ids=ids)
+        as_tuple = model(input_ids=ids, return_dict=False)
+    for a, b in zip(first.to_tuple(), second.to_tuple()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(first.to_tuple())
+    for a, b in zip(first.to_tuple(), as_tuple):
+        if isinstance(a, tuple):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(x, y, atol=0, rtol=0)
+        else:
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_hidden_states_have_one_entry_per_layer_plus_output():
+    model = TnnModel(tiny_config()).eval()
+    out = model(input_ids=torch.randint(1, 128, (1, 5)), output_hidden_states=True)
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+
+
+def test_rpe_starts_non_degenerate_through_from_config():
+    # transformers' default init (zero biases) would leave the RPE with three distinct outputs per channel.
+    model = AutoModelForCausalLM.from_config(tiny_config())
+    mixer = model.model.layers[0].gtu.token_mixer
+    with torch.no_grad():
+        values = mixer.rpe(torch.arange(-30, 31))
+    distinct = [len(torch.unique(values[:, c].round(decimals=6))) for c in range(values.shape[1])]
+    assert min(distinct) > 20
+    assert all(layer.bias.abs().sum() > 0 for layer in mixer.rpe.layers)
+
+
+def test_bad_attention_mask_shape_raises():
+    model = TnnModel(tiny_config())
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(input_ids=torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 1, 5, 5))
+
+
+def test_greedy_generate_without_cache_matches_argmax_loop():
+    model = TnnForCausalLM(tiny_config(eos_token_id=None)).eval()
+    prompt = torch.randint(1, 128, (1, 6))
+    out = model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False)
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(5):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(out, ids)
