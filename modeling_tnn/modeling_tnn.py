@@ -22,6 +22,8 @@ from .configuration_tnn import TnnConfig
 from .mixer_base import TokenMixer
 from .rpe import SimpleRMSNorm
 from .tno_dense import DenseTno
+from .tno_fd import FdTno
+from .tno_ski import SkiTno
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; support both.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -39,13 +41,12 @@ AUTO_MAP = {
 }
 
 
+TOKEN_MIXER_CLASSES: dict[str, type[TokenMixer]] = {"dense": DenseTno, "fd": FdTno, "ski": SkiTno}
+
+
 def build_token_mixer(config: TnnConfig, channels: int) -> TokenMixer:
-    """The token mixer named by ``config.token_mixer``."""
-    if config.token_mixer == "dense":
-        return DenseTno(config, channels)
-    raise NotImplementedError(
-        f"token_mixer={config.token_mixer!r} is not implemented yet; use token_mixer='dense'."
-    )
+    """The token mixer named by ``config.token_mixer`` (validated by the config)."""
+    return TOKEN_MIXER_CLASSES[config.token_mixer](config, channels)
 
 
 class Gtu(nn.Module):

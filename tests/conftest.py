@@ -12,7 +12,7 @@ from modeling_tnn import load_preset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Token mixers available to every model class; causal classes use CAUSAL_MIXERS (SKI is bidirectional only).
-MIXERS = ("dense",)
+MIXERS = ("dense", "fd", "ski")
 CAUSAL_MIXERS = tuple(m for m in MIXERS if m != "ski")
 
 

@@ -15,7 +15,7 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 
-from conftest import MIXERS, PROJECT_ROOT, tiny_config
+from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
 
 AUTO_CLASSES = {
     "AutoModel": AutoModel,
@@ -36,16 +36,13 @@ def _main_output(out):
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def _mixer_config(mixer, causal):
-    if causal and mixer == "ski":
-        pytest.skip("SKI is bidirectional only")
-    return tiny_config(mixer, causal=causal, num_labels=2)
+# Every case once per token mixer that supports its direction (SKI is bidirectional only).
+CASES_BY_MIXER = [(*case, mixer) for case in CASES for mixer in (CAUSAL_MIXERS if case[1] else MIXERS)]
 
 
-@pytest.mark.parametrize("mixer", MIXERS)
-@pytest.mark.parametrize("cls, causal, fitting, contradicting", CASES)
+@pytest.mark.parametrize("cls, causal, fitting, contradicting, mixer", CASES_BY_MIXER)
 def test_save_load_through_every_auto_class(tmp_path, cls, causal, fitting, contradicting, mixer):
-    model = cls(_mixer_config(mixer, causal)).eval()
+    model = cls(tiny_config(mixer, causal=causal, num_labels=2)).eval()
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert set(saved["auto_map"]) == {"AutoConfig", *AUTO_CLASSES}
@@ -83,7 +80,7 @@ def test_tied_weights_stay_tied(tmp_path, cls):
 
 
 REMOTE_SCRIPT = textwrap.dedent("""
-    import importlib.abc, sys
+    import importlib.abc, json, sys
     class BlockTnn(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name == "modeling_tnn" or name.startswith("modeling_tnn."):
@@ -98,32 +95,45 @@ REMOTE_SCRIPT = textwrap.dedent("""
         pass
     ids = torch.load({ids!r})
     out = {{}}
-    for name in {classes!r}:
-        model = getattr(transformers, name).from_pretrained({folder!r}, trust_remote_code=True).eval()
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        with torch.no_grad():
-            res = model(input_ids=ids)
-        out[name] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+    for folder, classes in json.loads({jobs!r}).items():
+        for name in classes:
+            model = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            with torch.no_grad():
+                res = model(input_ids=ids)
+            out[folder + "|" + name] = res.logits if hasattr(res, "logits") else res.last_hidden_state
     torch.save(out, {result!r})
 """)
 
 
-@pytest.mark.parametrize("mixer", MIXERS)
-@pytest.mark.parametrize("cls, causal, fitting, contradicting", CASES)
-def test_remote_code_without_the_package(tmp_path, cls, causal, fitting, contradicting, mixer):
-    model = cls(_mixer_config(mixer, causal)).eval()
-    folder = tmp_path / "model"
-    model.save_pretrained(folder)
+@pytest.fixture(scope="module")
+def remote_code_run(tmp_path_factory):
+    """Save every case, then load them all as remote code in ONE subprocess where modeling_tnn is blocked."""
+    root = tmp_path_factory.mktemp("remote")
     ids = torch.randint(1, 128, (2, 11))
-    torch.save(ids, tmp_path / "ids.pt")
-    classes = [name for name in fitting if name != "AutoModelForSequenceClassification"]
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), ids=str(tmp_path / "ids.pt"), classes=classes,
-                                  folder=str(folder), result=str(tmp_path / "out.pt"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
-           "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    torch.save(ids, root / "ids.pt")
+    models, jobs = {}, {}
+    for i, (cls, causal, fitting, _, mixer) in enumerate(CASES_BY_MIXER):
+        folder = str(root / f"model{i}")
+        model = cls(tiny_config(mixer, causal=causal, num_labels=2)).eval()
+        model.save_pretrained(folder)
+        models[(cls, mixer)] = (folder, model)
+        jobs[folder] = [name for name in fitting if name != "AutoModelForSequenceClassification"]
+    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), ids=str(root / "ids.pt"), jobs=json.dumps(jobs),
+                                  result=str(root / "out.pt"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = torch.load(tmp_path / "out.pt")
+    return ids, models, jobs, torch.load(root / "out.pt")
+
+
+@pytest.mark.parametrize("cls, causal, fitting, contradicting, mixer", CASES_BY_MIXER)
+def test_remote_code_without_the_package(remote_code_run, cls, causal, fitting, contradicting, mixer):
+    ids, models, jobs, out = remote_code_run
+    folder, model = models[(cls, mixer)]
+    head_name = cls.__name__.replace("Tnn", "AutoModel")  # TnnForCausalLM -> AutoModelForCausalLM
+    assert jobs[folder] == ["AutoModel", head_name]
     with torch.no_grad():
-        torch.testing.assert_close(out[classes[1]], _main_output(model(input_ids=ids)), atol=0, rtol=0)
-        torch.testing.assert_close(out["AutoModel"], model.model(input_ids=ids).last_hidden_state, atol=0, rtol=0)
+        torch.testing.assert_close(out[f"{folder}|{head_name}"], _main_output(model(input_ids=ids)), atol=0, rtol=0)
+        torch.testing.assert_close(out[f"{folder}|AutoModel"], model.model(input_ids=ids).last_hidden_state,
+                                   atol=0, rtol=0)

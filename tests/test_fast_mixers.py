@@ -1,0 +1,106 @@
+"""FD and SKI token mixers against their definitions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeling_tnn.tno_fd import FdTno
+from modeling_tnn.tno_ski import SkiTno, interpolation_weights
+
+from conftest import tiny_config
+from test_dense_tno import dense_toeplitz
+
+
+def _fd(causal, kernel_length=16, channels=3):
+    return FdTno(tiny_config("fd", causal=causal, fd_kernel_length=kernel_length), channels).double().eval()
+
+
+def test_fd_causal_real_part_of_spectrum_equals_rpe_output():
+    mixer = _fd(True)
+    spectrum = torch.fft.rfft(mixer.kernel(torch.device("cpu")), n=mixer.grid, dim=0)
+    torch.testing.assert_close(spectrum.real, mixer.response(torch.device("cpu")), atol=1e-6, rtol=0)
+    # ... also at the precision a float32 model computes in.
+    mixer32 = _fd(True).float()
+    spectrum32 = torch.fft.rfft(mixer32.kernel(torch.device("cpu")), n=mixer32.grid, dim=0)
+    torch.testing.assert_close(spectrum32.real, mixer32.response(torch.device("cpu")), atol=1e-6, rtol=1e-5)
+
+
+def test_fd_causal_kernel_is_zero_at_negative_lags():
+    mixer = _fd(True)
+    circular = torch.fft.irfft(mixer.spectrum(16, mixer.grid, torch.device("cpu"), torch.float64), n=mixer.grid,
+                               dim=0)
+    # Circular lags grid/2 + 1 .. grid - 1 are the negative lags -(grid/2 - 1) .. -1.
+    assert circular[mixer.grid // 2 + 1:].abs().max() < 1e-12
+    assert circular[: mixer.grid // 2 + 1].abs().max() > 1e-3
+
+
+def test_fd_bidirectional_spectrum_is_the_rpe_output_with_real_edges():
+    mixer = _fd(False)
+    response = mixer.response(torch.device("cpu"))
+    assert response.imag[0].abs().max() == 0 and response.imag[-1].abs().max() == 0
+    raw = mixer.rpe(mixer.frequencies(torch.device("cpu")))
+    torch.testing.assert_close(response.real, raw[:, :3])
+    torch.testing.assert_close(response.imag[1:-1], raw[1:-1, 3:])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 37, 70])
+def test_fd_is_a_toeplitz_product_with_its_fixed_kernel(causal, n):
+    """Every input length uses the same kernel: lags up to the grid's half, zero beyond."""
+    mixer = _fd(causal)
+    half = mixer.grid // 2
+    kernel = mixer.kernel(torch.device("cpu"))
+    lags = torch.arange(0, n) if causal else torch.arange(-(n - 1), n)
+    offset = 0 if causal else half
+    coeffs = torch.stack([kernel[k + offset] if abs(k) <= half else torch.zeros(3, dtype=torch.float64)
+                          for k in lags.tolist()])
+    x = torch.randn(2, n, 3, dtype=torch.float64)
+    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(coeffs, n, causal), x)
+    torch.testing.assert_close(mixer(x), expected, atol=1e-10, rtol=0)
+
+
+def test_interpolation_rows_are_convex_and_reproduce_positions():
+    lengths = torch.tensor([70, 37, 2, 1])
+    weights = interpolation_weights(lengths, 70, 8, torch.float64)
+    for row, length in enumerate(lengths.tolist()):
+        real, pad = weights[row, :length], weights[row, length:]
+        assert (real >= 0).all() and (real <= 1).all()
+        torch.testing.assert_close(real.sum(-1), torch.ones(length, dtype=torch.float64))
+        assert ((real > 0).sum(-1) <= 2).all()
+        assert pad.abs().sum() == 0
+        # Linear interpolation is exact for linear functions: W @ inducing positions == positions.
+        inducing = torch.linspace(0, length - 1, 8, dtype=torch.float64)
+        torch.testing.assert_close(real @ inducing, torch.arange(length, dtype=torch.float64))
+
+
+def test_interpolation_with_left_padding_offsets():
+    weights = interpolation_weights(torch.tensor([5]), 9, 3, torch.float64, offsets=torch.tensor([4]))
+    assert weights[0, :4].abs().sum() == 0
+    torch.testing.assert_close(weights[0, 4:] @ torch.tensor([0.0, 2.0, 4.0], dtype=torch.float64),
+                               torch.arange(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("n", [6, 13])
+def test_ski_full_rank_low_rank_part_is_the_exact_toeplitz_product(n):
+    mixer = SkiTno(tiny_config("ski", causal=False, ski_rank=n), channels=3).double()
+    x = torch.randn(2, n, 3, dtype=torch.float64)
+    lags = torch.arange(-(n - 1), n)
+    coeffs = mixer.rpe(lags) * (mixer.gamma ** lags.abs().double())[:, None]
+    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(coeffs, n, causal=False), x)
+    torch.testing.assert_close(mixer.low_rank(x, None), expected, atol=1e-8, rtol=0)
+
+
+def test_ski_band_is_a_centred_convolution():
+    mixer = SkiTno(tiny_config("ski", causal=False, ski_kernel_size=5), channels=2).double()
+    x = torch.randn(1, 9, 2, dtype=torch.float64)
+    y = mixer.band_conv(x)
+    half = 2
+    for i in range(9):
+        expected = sum(mixer.band[:, half + o] * x[0, i + o] for o in range(-half, half + 1) if 0 <= i + o < 9)
+        torch.testing.assert_close(y[0, i], expected)
+
+
+def test_ski_refuses_causal():
+    with pytest.raises(ValueError, match="fd.*dense"):
+        SkiTno(tiny_config("dense", causal=True), 4)  # a causal config reaching the mixer directly
