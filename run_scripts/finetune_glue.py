@@ -144,10 +144,11 @@ def load_raw_datasets(data_args: DataTrainingArguments, splits: list[str], cache
 
 
 def _is_tnn_json(path: Path) -> bool:
-    return path.suffix == ".json" and json.loads(path.read_text()).get("model_type", "tnn") == "tnn"
+    # The project's presets carry no model_type; a saved TnnConfig says "tnn".
+    return path.suffix == ".json" and path.is_file() and json.loads(path.read_text()).get("model_type", "tnn") == "tnn"
 
 
-def scratch_config(model_args: ModelArguments, tokenizer, num_labels: int, task_name: str) -> PretrainedConfig:
+def scratch_config(model_args: ModelArguments, tokenizer, num_labels: int) -> PretrainedConfig:
     """The config of a from-scratch model: a TNN preset or JSON (``vocab_size`` and the special tokens follow the
     tokenizer), or any other config folder/file/Hub id (e.g. a BERT config for a baseline)."""
     name = model_args.config_name
@@ -155,10 +156,8 @@ def scratch_config(model_args: ModelArguments, tokenizer, num_labels: int, task_
                "eos_token_id": tokenizer.eos_token_id}
     if name in list_presets() or _is_tnn_json(Path(name)):
         config = load_preset(name, vocab_size=len(tokenizer), num_labels=num_labels, **special)
-        config.finetuning_task = task_name
     else:
-        config = AutoConfig.from_pretrained(name, num_labels=num_labels, finetuning_task=task_name,
-                                            cache_dir=model_args.cache_dir,
+        config = AutoConfig.from_pretrained(name, num_labels=num_labels, cache_dir=model_args.cache_dir,
                                             trust_remote_code=model_args.trust_remote_code)
         if getattr(config, "vocab_size", len(tokenizer)) < len(tokenizer):
             raise ValueError(f"Config {name!r} has vocab_size={config.vocab_size} but the tokenizer has "
@@ -188,9 +187,11 @@ def build_model_and_tokenizer(model_args: ModelArguments, task_name: str, label_
                          "pad token, which dynamic padding needs; set one and save the tokenizer again.")
     if model_args.model_name_or_path is not None:
         config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
-                                            num_labels=num_labels, finetuning_task=task_name, **hub)
+                                            num_labels=num_labels, **hub)
     else:
-        config = scratch_config(model_args, tokenizer, num_labels, task_name)
+        config = scratch_config(model_args, tokenizer, num_labels)
+    # transformers 5 drops from_pretrained kwargs that are not already config attributes, finetuning_task included.
+    config.finetuning_task = task_name
     config.problem_type = "regression" if label_names is None else "single_label_classification"
     if label_names is not None:
         config.label2id = {name: i for i, name in enumerate(label_names)}

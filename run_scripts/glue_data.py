@@ -286,3 +286,15 @@ def main_metric(task: GlueTask | str) -> str:
     """The metric reported for ``task`` in a one-number-per-task table (``combined_score`` when there are several)."""
     task = get_task(task) if isinstance(task, str) else task
     return task.metrics[0] if len(task.metrics) == 1 else "combined_score"
+
+
+def majority_baseline(task: GlueTask | str, train_labels: Sequence, eval_labels: Sequence) -> dict[str, float]:
+    """The metrics of always predicting the most frequent training class (for STS-B, the mean training score,
+    whose correlations are undefined: ``nan``)."""
+    task = get_task(task) if isinstance(task, str) else task
+    train_labels, eval_labels = np.asarray(train_labels), np.asarray(eval_labels)
+    if task.is_regression:
+        return {metric: float("nan") for metric in task.metrics} | (
+            {"combined_score": float("nan")} if len(task.metrics) > 1 else {})
+    constant = np.bincount(train_labels.astype(int), minlength=task.num_labels).argmax()
+    return glue_metrics(task, np.full_like(eval_labels, constant), eval_labels)

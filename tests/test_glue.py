@@ -1,0 +1,319 @@
+"""GLUE finetuning (run_scripts/glue_data.py, finetune_glue.py, run_glue_suite.py): tsv loading for every task,
+the official metrics against hand-computed values, clear errors, and short end-to-end Trainer runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import EvalPrediction
+
+from modeling_tnn import TnnForMaskedLM
+
+from conftest import PROJECT_ROOT, tiny_config
+
+sys.path.insert(0, str(PROJECT_ROOT / "run_scripts"))
+import finetune_glue  # noqa: E402
+import glue_data  # noqa: E402
+import run_glue_suite  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------------------------
+# Small tsv files in the official GLUE layout, written by hand (independently of glue_data's task table).
+# ----------------------------------------------------------------------------------------------------------------
+PAIRS = [("A man is playing a flute .", 'He said " the witness " left .'),
+         ("The cat sat on the mat.", "The cat did not sit on the mat."),
+         ("Stocks rose 2 % today .", "Shares went up today ."),
+         ("Who wrote it?", "It was written by a dog, apparently.")]
+HEADERS = {
+    "sst2": "sentence\tlabel",
+    "mrpc": "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String",
+    "qqp": "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+    "stsb": "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore",
+    "mnli": "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+            "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label",
+    "qnli": "index\tquestion\tsentence\tlabel",
+    "rte": "index\tsentence1\tsentence2\tlabel",
+    "wnli": "index\tsentence1\tsentence2\tlabel",
+}
+# The raw label written in the file for rows 0..3, and the label id / score the loader must return.
+RAW_LABELS = {"cola": ["1", "0", "1", "1"], "sst2": ["0", "1", "1", "0"], "mrpc": ["1", "0", "0", "1"],
+              "qqp": ["0", "1", "0", "0"], "stsb": ["5.000", "0.5", "3.800", "2"],
+              "mnli": ["neutral", "entailment", "contradiction", "neutral"],
+              "qnli": ["entailment", "not_entailment", "not_entailment", "entailment"],
+              "rte": ["not_entailment", "entailment", "entailment", "not_entailment"], "wnli": ["1", "0", "0", "1"]}
+EXPECTED_LABELS = {"cola": [1, 0, 1, 1], "sst2": [0, 1, 1, 0], "mrpc": [1, 0, 0, 1], "qqp": [0, 1, 0, 0],
+                   "stsb": [5.0, 0.5, 3.8, 2.0], "mnli": [1, 0, 2, 1], "qnli": [0, 1, 1, 0], "rte": [1, 0, 0, 1],
+                   "wnli": [1, 0, 0, 1]}
+FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B", "mnli": "MNLI",
+           "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+FILES = {"mnli": ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv")}
+
+
+def _row(task: str, i: int, a: str, b: str, label: str) -> str:
+    if task == "cola":
+        return f"gj04\t{label}\t{'' if label == '1' else '*'}\t{a}"
+    if task == "sst2":
+        return f"{a} \t{label}"  # the real file keeps a space before the tab
+    if task == "mrpc":
+        return f"{label}\t{100 + i}\t{200 + i}\t{a}\t{b}"
+    if task == "qqp":
+        return f"{i}\t{100 + i}\t{200 + i}\t{a}\t{b}\t{label}"
+    if task == "stsb":
+        return f"{i}\tmain-captions\tMSRvid\t2012test\t{i:04d}\tnone\tnone\t{a}\t{b}\t{label}"
+    if task == "mnli":
+        return f"{i}\t{i}\t{i}e\tfiction\t( {a} )\t( {b} )\t(ROOT {a})\t(ROOT {b})\t{a}\t{b}\t{label}\t{label}"
+    return f"{i}\t{a}\t{b}\t{label}"
+
+
+def write_task(root: Path, task: str, repeat: int = 1) -> Path:
+    """Write every labelled split of ``task`` (4 * repeat rows each) under ``root`` in the official layout."""
+    folder = root / FOLDERS[task]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in FILES.get(task, ("train.tsv", "dev.tsv")):
+        lines = [] if task == "cola" else [HEADERS[task]]
+        for r in range(repeat):
+            for i, ((a, b), label) in enumerate(zip(PAIRS, RAW_LABELS[task])):
+                lines.append(_row(task, 4 * r + i, a, b, label))
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("task", list(FOLDERS))
+def test_load_written_tsv_every_task(tmp_path, task):
+    write_task(tmp_path, task)
+    spec = glue_data.get_task(task)
+    data = glue_data.load_glue_local(task, tmp_path)
+    assert sorted(data) == sorted(spec.split_files())
+    for split in data.values():
+        assert split.column_names == [*spec.text_columns, "label", "idx"]
+        assert len(split) == 4
+        if spec.is_regression:
+            assert list(split["label"]) == pytest.approx(EXPECTED_LABELS[task])
+        else:
+            assert list(split["label"]) == EXPECTED_LABELS[task]
+            assert split.features["label"].num_classes == spec.num_labels
+        first = split[0][spec.text_columns[0]]
+        assert first == PAIRS[0][0]  # no BOM, no trailing space, no quote handling
+        if len(spec.text_columns) == 2:
+            assert split[0][spec.text_columns[1]] == PAIRS[0][1]  # the quotes are kept as text
+
+
+def test_task_table_matches_hub_dataset_names():
+    # Text columns and class names of the Hub dataset nyu-mll/glue, so both data sources give the same columns.
+    assert glue_data.TASK_NAMES == ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+    assert glue_data.get_task("mnli").text_columns == ("premise", "hypothesis")
+    assert glue_data.get_task("mnli").eval_splits == ("validation_matched", "validation_mismatched")
+    assert glue_data.get_task("qnli").text_columns == ("question", "sentence")
+    assert glue_data.get_task("wnli").label_names == ("not_entailment", "entailment")
+    assert glue_data.get_task("stsb").is_regression and glue_data.get_task("stsb").num_labels == 1
+    assert glue_data.get_task("SST-2").name == "sst2" and glue_data.get_task("STS_B").name == "stsb"
+
+
+# Row counts of the shared copy (see shared/data/SOURCES.md: MRPC train lacks one pair; QNLI has dev only).
+SHARED_COUNTS = {"cola": {"train": 8551, "validation": 1043}, "sst2": {"train": 67349, "validation": 872},
+                 "mrpc": {"train": 3667, "validation": 408}, "stsb": {"train": 5749, "validation": 1500},
+                 "rte": {"train": 2490, "validation": 277}, "wnli": {"train": 635, "validation": 71},
+                 "qnli": {"validation": 5463}}
+
+
+def test_load_shared_glue(shared_data):
+    glue_dir = shared_data / "glue"
+    for task, counts in SHARED_COUNTS.items():
+        assert glue_data.available_splits(task, glue_dir) == list(counts)
+        data = glue_data.load_glue_local(task, glue_dir, list(counts))
+        assert {split: len(ds) for split, ds in data.items()} == counts
+    for task in ("mnli", "qqp"):
+        assert glue_data.available_splits(task, glue_dir) == []
+    mrpc = glue_data.load_glue_local("mrpc", glue_dir, ["train"])["train"]
+    assert mrpc[0]["sentence1"].startswith("Amrozi accused his brother") and mrpc[0]["label"] == 1
+    cola = glue_data.load_glue_local("cola", glue_dir, ["validation"])["validation"]
+    assert cola[0] == {"sentence": "The sailors rode the breeze clear of the rocks.", "label": 1, "idx": 0}
+    stsb = glue_data.load_glue_local("stsb", glue_dir, ["validation"])["validation"]
+    assert stsb[1]["label"] == pytest.approx(4.75) and stsb[1]["sentence2"] == "A child is riding a horse."
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics, against numbers computed by hand
+# ----------------------------------------------------------------------------------------------------------------
+BINARY_PRED, BINARY_REF = [1, 1, 0, 0, 1], [1, 0, 0, 1, 1]  # TP 2, TN 1, FP 1, FN 1
+ACC = 3 / 5
+F1 = 2 / 3  # precision 2/3, recall 2/3
+MCC = (2 * 1 - 1 * 1) / math.sqrt(3 * 3 * 2 * 2)  # (TP TN - FP FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) = 1/6
+PEARSON = 25 / math.sqrt(5 * 129)  # x = 1..4, y = x^2: sum dx dy = 25, sum dx^2 = 5, sum dy^2 = 129
+
+HAND_METRICS = {
+    "cola": (BINARY_PRED, BINARY_REF, {"matthews_correlation": MCC}),
+    "sst2": (BINARY_PRED, BINARY_REF, {"accuracy": ACC}),
+    "qnli": (BINARY_PRED, BINARY_REF, {"accuracy": ACC}),
+    "rte": (BINARY_PRED, BINARY_REF, {"accuracy": ACC}),
+    "wnli": (BINARY_PRED, BINARY_REF, {"accuracy": ACC}),
+    "mrpc": (BINARY_PRED, BINARY_REF, {"accuracy": ACC, "f1": F1, "combined_score": (ACC + F1) / 2}),
+    "qqp": (BINARY_PRED, BINARY_REF, {"accuracy": ACC, "f1": F1, "combined_score": (ACC + F1) / 2}),
+    "mnli": ([0, 1, 2, 2], [0, 1, 1, 2], {"accuracy": 0.75}),
+    "stsb": ([1.0, 2.0, 3.0, 4.0], [1.0, 4.0, 9.0, 16.0],
+             {"pearson": PEARSON, "spearmanr": 1.0, "combined_score": (PEARSON + 1.0) / 2}),
+}
+
+
+@pytest.mark.parametrize("task", list(HAND_METRICS))
+def test_metric_every_task_hand_computed(task):
+    predictions, references, expected = HAND_METRICS[task]
+    result = glue_data.glue_metrics(task, predictions, references)
+    assert set(result) == set(expected)
+    for key, value in expected.items():
+        assert result[key] == pytest.approx(value, abs=1e-12), key
+
+
+def test_compute_metrics_from_logits():
+    logits = np.array([[2.0, -1.0], [0.1, 0.3], [5.0, 4.0], [-1.0, 1.0]])  # argmax 0, 1, 0, 1
+    result = glue_data.make_compute_metrics("sst2")(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1, 1])))
+    assert result == {"accuracy": 0.75}
+    scores = np.array([[1.0], [2.0], [3.0], [4.0]])  # regression logits have a trailing axis of 1
+    result = glue_data.make_compute_metrics("stsb")(EvalPrediction(predictions=scores, label_ids=np.array([1.0, 4, 9, 16])))
+    assert result["pearson"] == pytest.approx(PEARSON)
+
+
+def test_majority_baseline():
+    # Train majority is class 1; on references [1, 0, 0, 1, 1] constant 1 gives accuracy 3/5 and F1 2*3/(2*3+2) = 3/4.
+    result = glue_data.majority_baseline("mrpc", [1, 1, 0], BINARY_REF)
+    assert result["accuracy"] == pytest.approx(0.6) and result["f1"] == pytest.approx(0.75)
+    assert glue_data.majority_baseline("cola", [0, 0, 1], BINARY_REF) == {"matthews_correlation": 0.0}
+    assert math.isnan(glue_data.majority_baseline("stsb", [1.0, 2.0], [1.0, 3.0])["pearson"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------------------------
+def test_unknown_task_is_named():
+    with pytest.raises(ValueError, match=r"Unknown GLUE task 'sst3'.*cola, sst2, mrpc, qqp, stsb, mnli, qnli"):
+        glue_data.get_task("sst3")
+    with pytest.raises(ValueError, match="'mnli-x'"):
+        finetune_glue.parse_args(["--task_name", "mnli-x", "--output_dir", "unused"])
+
+
+def test_missing_file_names_its_path(tmp_path):
+    write_task(tmp_path, "rte")
+    (tmp_path / "RTE" / "dev.tsv").unlink()
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "RTE" / "dev.tsv")):
+        glue_data.load_glue_local("rte", tmp_path)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "SST-2" / "train.tsv")):
+        glue_data.load_glue_local("sst2", tmp_path)
+    assert glue_data.available_splits("rte", tmp_path) == ["train"]
+
+
+def test_header_that_does_not_match_the_task(tmp_path):
+    write_task(tmp_path, "rte")
+    # An RTE file read as MRPC: the header names the wrong columns.
+    with pytest.raises(ValueError, match=r"header of .*RTE/train.tsv does not match GLUE task 'mrpc'.*Quality"):
+        glue_data.read_glue_tsv("mrpc", tmp_path / "RTE" / "train.tsv")
+    # A test-split file (no label column).
+    test_file = tmp_path / "RTE" / "test.tsv"
+    test_file.write_text("index\tsentence1\tsentence2\n0\ta\tb\n")
+    with pytest.raises(ValueError, match=r"lacks \['label'\]"):
+        glue_data.read_glue_tsv("rte", test_file)
+    # CoLA has no header: a file with one (CoLA's test.tsv layout) is refused with its first line shown.
+    cola = tmp_path / "cola.tsv"
+    cola.write_text("index\tsentence\n0\tBill whistled past the house.\n")
+    with pytest.raises(ValueError, match=r"no header and 4 tab-separated fields.*'index\\tsentence'"):
+        glue_data.read_glue_tsv("cola", cola)
+
+
+def test_malformed_rows(tmp_path, caplog):
+    write_task(tmp_path, "sst2", repeat=50)  # 200 rows
+    path = tmp_path / "SST-2" / "train.tsv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:10] + ["a row without a label"] + lines[10:]) + "\n")
+    with caplog.at_level("WARNING"):
+        assert len(glue_data.read_glue_tsv("sst2", path)["label"]) == 200  # 1 bad row of 201: skipped
+    assert "Skipped 1 malformed row" in caplog.text and "line 11" in caplog.text
+    path.write_text("\n".join(lines[:1] + [line.replace("\t0", "\tnegative") for line in lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match=r"100 of 200 rows .* malformed .*first at line 2"):
+        glue_data.read_glue_tsv("sst2", path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The suite's task selection and table
+# ----------------------------------------------------------------------------------------------------------------
+def test_suite_selects_available_tasks_and_formats_table(tmp_path):
+    for task in ("rte", "stsb", "mnli"):
+        write_task(tmp_path, task)
+    write_task(tmp_path, "qnli")
+    (tmp_path / "QNLI" / "train.tsv").unlink()
+    tasks, skipped = run_glue_suite.select_tasks(None, str(tmp_path))
+    assert tasks == ["stsb", "mnli", "rte"]
+    assert "no train" in skipped["qnli"] and set(skipped) == {"cola", "sst2", "mrpc", "qqp", "qnli", "wnli"}
+    rows = {"m": {"rte": {"eval_accuracy": 0.5}, "stsb": {"eval_pearson": 0.8, "eval_spearmanr": 0.6,
+                                                         "eval_combined_score": 0.7},
+                  "mnli": {"eval_accuracy": 0.4, "eval_accuracy_mm": 0.3}}}
+    table = run_glue_suite.markdown_table(tasks, rows).splitlines()
+    assert table[0] == "| model | STS-B (Pearson / Spearman) | MNLI (acc) | RTE (acc) | mean |"
+    assert table[2] == "| m | 80.0 / 60.0 | 40.0 / 30.0 | 50.0 | 53.3 |"  # mean of 70, 40, 50
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# End-to-end Trainer runs
+# ----------------------------------------------------------------------------------------------------------------
+COMMON = ["--do_train", "--do_eval", "--save_strategy", "no", "--disable_tqdm", "true", "--report_to", "none",
+          "--log_level", "warning", "--seed", "0", "--per_device_eval_batch_size", "64"]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a shared 2-core machine two threads competing with other
+    processes made a training step about 14 times slower (measured 0.49 s against 0.036 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny_mlm_checkpoint(tmp_path, tokenizer):
+    """A tiny (untrained) masked-LM TNN saved with a tokenizer, as train_mlm.py would leave it."""
+    folder = tmp_path / "mlm"
+    TnnForMaskedLM(tiny_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("task", ["stsb", "mnli"])
+def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpoint, task, one_thread):
+    glue_dir = write_task(tmp_path / "glue", task, repeat=4)
+    out = tmp_path / "out"
+    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", task,
+                                  "--glue_dir", str(glue_dir), "--output_dir", str(out), "--max_steps", "3",
+                                  "--per_device_train_batch_size", "4", *COMMON])
+    saved = json.loads((out / "eval_results.json").read_text())
+    assert saved["eval_samples"] == 16
+    expected = {"stsb": ["eval_pearson", "eval_spearmanr", "eval_combined_score"],
+                "mnli": ["eval_accuracy", "eval_accuracy_mm", "eval_samples_mm"]}[task]
+    assert all(key in saved and key in results for key in expected)
+    config = json.loads((out / "config.json").read_text())
+    assert config["problem_type"] == ("regression" if task == "stsb" else "single_label_classification")
+    assert config["causal"] is False and config["finetuning_task"] == task
+    card = (out / "README.md").read_text()
+    assert f"GLUE {task.upper()} dev results" in card and "local checkpoint `mlm`" in card
+    assert "| eval_accuracy_mm |" in card if task == "mnli" else "| eval_pearson |" in card
+
+
+def test_finetune_sst2_beats_majority_baseline(tmp_path, shared_data, one_thread):
+    from modeling_tnn.tokenizer_training import train_byte_level_bpe
+
+    glue_dir = shared_data / "glue"
+    train = glue_data.read_glue_tsv("sst2", glue_dir / "SST-2" / "train.tsv")
+    tokenizer = train_byte_level_bpe(train["sentence"][:3000], vocab_size=600, add_bos_eos=True)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    results = finetune_glue.main([
+        "--config_name", "tiny", "--tokenizer_name", str(tmp_path / "tokenizer"), "--task_name", "sst2",
+        "--glue_dir", str(glue_dir), "--output_dir", str(tmp_path / "out"), "--max_train_samples", "3000",
+        "--max_seq_length", "48", "--per_device_train_batch_size", "32", "--learning_rate", "5e-3",
+        "--warmup_steps", "10", "--num_train_epochs", "1", *COMMON])
+    dev = glue_data.load_glue_local("sst2", glue_dir, ["train", "validation"])
+    baseline = glue_data.majority_baseline("sst2", list(dev["train"]["label"])[:3000], list(dev["validation"]["label"]))
+    assert results["eval_samples"] == 872
+    assert results["eval_accuracy"] > baseline["accuracy"] + 0.04, (results, baseline)
