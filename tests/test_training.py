@@ -1,0 +1,261 @@
+"""The Accelerate pretraining scripts (run_scripts/train_clm.py, train_mlm.py and their shared lm_training module):
+input errors before training, short runs, exact resume, atomic checkpoints, a 2-process DDP launch."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = PROJECT_ROOT / "run_scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import cpu_launch  # noqa: E402
+import lm_training as lt  # noqa: E402
+
+# Tiny everything: the tiny preset, 16-token blocks, a 300-token BPE, no trackers.
+TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
+        "--max_eval_samples", "8", "--per_device_eval_batch_size", "8"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matrices on a shared 2-core machine run several times faster on one thread.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def text_files(tmp_path_factory) -> tuple[Path, Path]:
+    """A small local train/validation pair of text files (from the embedded corpus)."""
+    from modeling_tnn.corpus import embedded_corpus
+
+    docs = embedded_corpus()
+    folder = tmp_path_factory.mktemp("text")
+    train, valid = folder / "train.txt", folder / "valid.txt"
+    # Small on purpose: a few dozen 16-token blocks, so that a handful of steps crosses epoch boundaries.
+    train.write_text("\n\n".join(docs[:10])[:4000])
+    valid.write_text("\n\n".join(docs[10:20])[:2000])
+    return train, valid
+
+
+def run(task: str, argv: list[str]):
+    return lt.run(lt.parse_args(task, argv), task)
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path, atol: float = 1e-6) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=0, atol=atol, msg=f"{key} differs")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Input errors, before any training
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags, message", [
+    (["--train_file", "no/such/file.txt"], "--train_file 'no/such/file.txt' does not exist"),
+    (["--config_name", "no_such_preset"], "is not a preset"),
+    (["--config_name", "missing/config.json"], "does not exist"),
+    (["--config_overrides", "hidden_sizee=64"], "Unknown TnnConfig field"),
+    (["--config_overrides", "hidden_size"], "key=value"),
+    (["--config_overrides", "token_mixer=nope"], "token_mixer must be one of"),
+    (["--checkpointing_steps", "often"], "--checkpointing_steps"),
+    (["--resume_from_checkpoint", "latest"], "no valid checkpoint"),
+    (["--eval_lengths", "64,x"], "--eval_lengths"),
+])
+def test_bad_flags_fail_before_training(tmp_path, flags, message):
+    argv = TINY + ["--output_dir", str(tmp_path / "out")] + flags
+    with pytest.raises(ValueError, match=message):
+        lt.setup(lt.parse_args("clm", argv), "clm")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_block_size_larger_than_data(tmp_path, text_files, capsys):
+    train, valid = text_files
+    argv = TINY + ["--train_file", str(train), "--validation_file", str(valid), "--block_size", "1000000",
+                   "--output_dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:  # the CLI entry point: status 2 and one clear line
+        lt.cli_main("clm", argv)
+    assert exit_info.value.code == 2
+    assert "--block_size 1000000 is larger than the train data" in capsys.readouterr().err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_config_overrides_parse_json_values():
+    assert lt.parse_config_overrides("a=1, b=0.5,c=fd,d=null,e=true") == {"a": 1, "b": 0.5, "c": "fd", "d": None,
+                                                                          "e": True}
+
+
+def test_sliding_windows_score_every_target_once():
+    for length, window in [(64, 16), (50, 16), (16, 16), (33, 8)]:
+        scored = []
+        for start, end, first in lt._windows(length, window):
+            assert end - start <= window
+            scored += range(max(first, start + 1), end)  # targets this window scores (the shift drops `start`)
+        assert sorted(scored) == list(range(1, length))
+
+
+def test_accelerate_cpu_launch_detection():
+    env = {"ACCELERATE_USE_CPU": "True", "MASTER_PORT": "29500"}
+    argv = ["python", "accelerate", "launch", "--cpu", "--num_processes", "2", sys.argv[0], "--num_processes", "9"]
+    assert cpu_launch.dropped_process_count(env, argv) == 2
+    assert cpu_launch.dropped_process_count({**env, "WORLD_SIZE": "2"}, argv) is None  # already distributed
+    assert cpu_launch.dropped_process_count({"ACCELERATE_USE_CPU": "True"}, argv) is None  # N = 1: no MASTER_PORT
+
+
+def test_push_to_hub_uploads_the_folder_without_checkpoints(tmp_path):
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kwargs):
+            calls.append(("create_repo", repo_id, kwargs))
+
+        def upload_folder(self, **kwargs):
+            calls.append(("upload_folder", kwargs))
+            return "https://hub/commit/1"
+
+    assert lt.push_folder_to_hub(tmp_path, "me/tnn", api=FakeApi()) == "https://hub/commit/1"
+    upload = calls[1][1]
+    assert calls[0][1] == "me/tnn" and upload["folder_path"] == str(tmp_path) and upload["repo_id"] == "me/tnn"
+    assert "step_*" in upload["ignore_patterns"] and "epoch_*" in upload["ignore_patterns"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Short runs
+# ----------------------------------------------------------------------------------------------------------------
+def test_train_clm_on_local_text_file(tmp_path, text_files):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    train, valid = text_files
+    out = tmp_path / "clm"
+    outcome = run("clm", TINY + ["--train_file", str(train), "--validation_file", str(valid), "--output_dir", str(out),
+                                 "--max_train_steps", "12", "--learning_rate", "1e-2",
+                                 "--per_device_train_batch_size", "8", "--logging_steps", "4",
+                                 "--eval_lengths", "16,32,64", "--sample_prompt", "The", "--sample_max_new_tokens", "5"])
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["train_steps"] == 12
+    assert math.isclose(results["perplexity"], math.exp(results["eval_loss"]), rel_tol=1e-9)
+    vocab = len(outcome.tokenizer)
+    assert results["eval_loss"] < math.log(vocab)  # learned something beyond the uniform guess
+    assert set(results["eval_lengths"]) == {"16", "32", "64"} and (out / "eval_lengths.png").stat().st_size > 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "train_loss" in x] == [4, 8, 12]
+    assert outcome.samples and outcome.samples[0].startswith("The")
+
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer) == vocab
+    ids = tokenizer("def f(x): return x", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, outcome.model.eval()(ids).logits)
+
+
+def test_train_mlm_on_embedded_corpus(tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    out = tmp_path / "mlm"
+    outcome = run("mlm", TINY + ["--output_dir", str(out), "--max_train_steps", "4",
+                                 "--per_device_train_batch_size", "4", "--mlm_probability", "0.3"])
+    results = json.loads((out / "all_results.json").read_text())
+    assert math.isfinite(results["eval_loss"]) and results["perplexity"] > 1
+    model = AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=True)
+    assert model.config.causal is False and type(model).__name__ == "TnnForMaskedLM"
+    assert outcome.tokenizer.mask_token == "<mask>"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Exact resume and atomic checkpoints
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task", ["clm", "mlm"])
+def test_resume_matches_an_uninterrupted_run(tmp_path, text_files, task):
+    train, valid = text_files
+    # Dropout and MLM masking exercise the RNG, accumulation + a warm-up schedule the scheduler, 8 steps over a small
+    # train split cross an epoch boundary, so the data position matters.
+    argv = TINY + ["--train_file", str(train), "--validation_file", str(valid), "--config_overrides", "dropout=0.1",
+                   "--per_device_train_batch_size", "32", "--gradient_accumulation_steps", "2",
+                   "--max_train_steps", "8", "--num_warmup_steps", "2", "--checkpointing_steps", "5",
+                   "--learning_rate", "1e-2"]
+    run(task, argv + ["--output_dir", str(tmp_path / "straight")])
+    state = json.loads((tmp_path / "straight" / "step_5" / lt.TRAINER_STATE).read_text())
+    assert state["completed_steps"] == 5 and state["epoch"] >= 1  # resumed after an epoch boundary ...
+    assert 5 % state["steps_per_epoch"] != 0  # ... and mid-epoch
+    shutil.copytree(tmp_path / "straight" / "step_5", tmp_path / "resumed" / "step_5")  # the run that "stopped" at 5
+    run(task, argv + ["--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "latest"])
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    before, after = weights(tmp_path / "straight" / "step_5"), weights(tmp_path / "straight")
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the last 3 steps did change the weights
+
+
+def test_crash_mid_checkpoint_leaves_no_valid_checkpoint(tmp_path, text_files, monkeypatch):
+    from accelerate import Accelerator
+
+    train, valid = text_files
+    argv = TINY + ["--train_file", str(train), "--validation_file", str(valid), "--max_train_steps", "3",
+                   "--checkpointing_steps", "2", "--per_device_train_batch_size", "4", "--output_dir", str(tmp_path)]
+    original = Accelerator.save_state
+
+    def save_then_crash(self, output_dir, *args, **kwargs):
+        original(self, output_dir, *args, **kwargs)  # model, optimizer, RNG files are on disk ...
+        raise RuntimeError("simulated crash")  # ... then the process dies before the checkpoint is complete
+
+    monkeypatch.setattr(Accelerator, "save_state", save_then_crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run("clm", argv)
+    partial = tmp_path / f"{lt.TMP_PREFIX}step_2"
+    assert (partial / "model.safetensors").is_file()  # the crash did happen mid-write
+    assert not (tmp_path / "step_2").exists()
+    assert lt.find_latest_checkpoint(tmp_path) is None
+    with pytest.raises(ValueError, match="no valid checkpoint"):
+        lt.resolve_checkpoint("latest", str(tmp_path))
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        lt.resolve_checkpoint(str(partial), str(tmp_path))
+
+    monkeypatch.setattr(Accelerator, "save_state", original)
+    run("clm", argv)  # the next run overwrites the leftover and completes the checkpoint
+    assert lt.is_valid_checkpoint(tmp_path / "step_2") and not partial.exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Distributed
+# ----------------------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_accelerate_launch_cpu_two_processes_is_ddp(tmp_path):
+    accelerate = Path(sys.executable).parent / "accelerate"
+    if not accelerate.exists():
+        pytest.skip("the accelerate command is not installed beside this Python")
+    common = TINY + ["--max_train_steps", "4", "--checkpointing_steps", "4"]
+    command = [str(accelerate), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+               str(SCRIPTS / "train_clm.py"), *common, "--per_device_train_batch_size", "2",
+               "--output_dir", str(tmp_path / "ddp")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
+    assert results["num_processes"] == 2
+    assert (tmp_path / "ddp" / "step_4" / "random_states_1.pkl").is_file()  # each rank saved its RNG state
+    # DDP averages the two ranks' gradients: the same updates as one process with the two batches side by side.
+    run("clm", common + ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "single")])
+    assert_same_weights(tmp_path / "ddp", tmp_path / "single", atol=1e-5)
