@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Forward + backward time of the dense, FD and SKI token mixers, alone and inside one TNN block.
+
+Every configuration is timed once per round and the rounds interleave, so a burst of load on a shared machine
+hits all configurations alike; medians over rounds are reported, and ratios are taken within this one run.
+
+    python run_scripts/bench_token_mixers.py --output_dir results/bench_token_mixers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from modeling_tnn import load_preset
+from modeling_tnn.modeling_tnn import TnnBlock, build_token_mixer
+
+CASES = [("dense", False), ("fd", False), ("ski", False), ("dense", True), ("fd", True)]
+
+
+def config_for(mixer: str, causal: bool, channels: int):
+    # hidden_size 16 with a 24x GTU expansion: 384 mixer channels, so the block's cost is the mixer's.
+    return load_preset("wikitext103_lm", token_mixer=mixer, causal=causal, hidden_size=16,
+                       gtu_expand_ratio=channels / 16, glu_expand_ratio=1, dropout=0.0, num_hidden_layers=1)
+
+
+def make_step(kind: str, mixer: str, causal: bool, n: int, batch: int, channels: int):
+    """A closure running one forward + backward of the measured module."""
+    if kind == "floor":
+        x = torch.randn(batch, n, channels, requires_grad=True)
+
+        def step():
+            y = torch.fft.irfft(torch.fft.rfft(x, n=2 * n, dim=1), n=2 * n, dim=1)[:, :n]
+            y.sum().backward()
+        return step
+    config = config_for(mixer, causal, channels)
+    if kind == "mixer":
+        module = build_token_mixer(config, channels)
+        x = torch.randn(batch, n, channels, requires_grad=True)
+    else:
+        module = TnnBlock(config, 0)
+        x = torch.randn(batch, n, config.hidden_size, requires_grad=True)
+    module.train()
+
+    def step():
+        module(x).sum().backward()
+    return step
+
+
+def run(lengths: list[int], batches: list[int], channels: int, rounds: int) -> list[dict]:
+    jobs = []
+    for n in lengths:
+        for batch in batches:
+            jobs.append(dict(kind="floor", mixer="rfft+irfft", causal=None, n=n, batch=batch))
+            for kind in ("mixer", "block"):
+                for mixer, causal in CASES:
+                    jobs.append(dict(kind=kind, mixer=mixer, causal=causal, n=n, batch=batch))
+    steps = []
+    for job in tqdm(jobs, desc="building + warm-up"):
+        step = make_step(job["kind"], job["mixer"], job["causal"], job["n"], job["batch"], channels)
+        step()
+        steps.append(step)
+    times: list[list[float]] = [[] for _ in jobs]
+    for _ in tqdm(range(rounds), desc="interleaved rounds"):
+        for i, step in enumerate(steps):
+            start = time.perf_counter()
+            step()
+            times[i].append(time.perf_counter() - start)
+    return [dict(job, median_ms=1000 * statistics.median(t), times_ms=[1000 * v for v in t])
+            for job, t in zip(jobs, times)]
+
+
+def lookup(results, **key) -> float:
+    return next(r["median_ms"] for r in results if all(r[k] == v for k, v in key.items()))
+
+
+def ratio_table(results: list[dict], lengths: list[int], batches: list[int]) -> str:
+    lines = ["| level | batch | n | dense bi (ms) | fd bi | ski | dense causal (ms) | fd causal | floor (ms) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for kind in ("mixer", "block"):
+        for batch in batches:
+            for n in lengths:
+                dense_bi = lookup(results, kind=kind, mixer="dense", causal=False, n=n, batch=batch)
+                dense_c = lookup(results, kind=kind, mixer="dense", causal=True, n=n, batch=batch)
+                fd_bi = lookup(results, kind=kind, mixer="fd", causal=False, n=n, batch=batch)
+                ski = lookup(results, kind=kind, mixer="ski", causal=False, n=n, batch=batch)
+                fd_c = lookup(results, kind=kind, mixer="fd", causal=True, n=n, batch=batch)
+                floor = lookup(results, kind="floor", n=n, batch=batch)
+                lines.append(f"| {kind} | {batch} | {n} | {dense_bi:.1f} | {dense_bi / fd_bi:.2f}x | "
+                             f"{dense_bi / ski:.2f}x | {dense_c:.1f} | {dense_c / fd_c:.2f}x | {floor:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(batches), figsize=(6 * len(batches), 9), squeeze=False)
+    for row, kind in enumerate(("mixer", "block")):
+        for col, batch in enumerate(batches):
+            ax = axes[row][col]
+            for mixer, causal in CASES:
+                ys = [lookup(results, kind=kind, mixer=mixer, causal=causal, n=n, batch=batch) for n in lengths]
+                ax.plot(lengths, ys, marker="o", linestyle="-" if not causal else "--",
+                        label=f"{mixer} {'causal' if causal else 'bidirectional'}")
+            ys = [lookup(results, kind="floor", n=n, batch=batch) for n in lengths]
+            ax.plot(lengths, ys, color="grey", linestyle=":", label="floor: rfft + irfft of the input")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length n")
+            ax.set_ylabel("forward + backward (ms, median)")
+            ax.set_title(f"{'token mixer alone' if kind == 'mixer' else 'one TNN block'}, batch {batch}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="512,1024,2048,4096,8192,16384")
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--channels", type=int, default=384)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--output_dir", default="results/bench_token_mixers")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    lengths = [int(v) for v in args.lengths.split(",")]
+    batches = [int(v) for v in args.batches.split(",")]
+    results = run(lengths, batches, args.channels, args.rounds)
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = ratio_table(results, lengths, batches)
+    growth = {f"ski_{kind}_b{b}_t16384_over_t4096": lookup(results, kind=kind, mixer="ski", causal=False, n=16384,
+                                                           batch=b) /
+              lookup(results, kind=kind, mixer="ski", causal=False, n=4096, batch=b)
+              for kind in ("mixer", "block") for b in batches if {4096, 16384} <= set(lengths)}
+    meta = dict(command="python run_scripts/bench_token_mixers.py " + " ".join(
+        f"--{k} {v}" for k, v in vars(args).items() if v is not None), torch=torch.__version__,
+        threads=torch.get_num_threads(), channels=args.channels, rounds=args.rounds)
+    (out / "results.json").write_text(json.dumps(dict(meta=meta, ski_growth=growth, results=results), indent=1))
+    (out / "table.md").write_text(
+        "Speed-up over dense of the same direction (median forward + backward, higher is faster).\n\n"
+        + table + "\n")
+    plot(results, lengths, batches, out / "times.png")
+    print(table)
+    print("SKI time growth t(16384)/t(4096):", {k: round(v, 2) for k, v in growth.items()})
+    print(f"wrote {out}/results.json, table.md, times.png")
+
+
+if __name__ == "__main__":
+    main()
