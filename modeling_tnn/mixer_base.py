@@ -64,6 +64,19 @@ class TokenMixer(nn.Module):
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
+    # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------
+    #: Number of past inputs the exact decoding mode must keep: the kernel's support, or None when unbounded.
+    decode_window: int | None = None
+
+    def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
+        """The causal kernel ``t_0 .. t_{n-1}`` (n, channels) the parallel path applies."""
+        raise NotImplementedError(f"{type(self).__name__} has no causal recurrent form.")
+
+    def ssm_kernel(self, length: int, device: torch.device) -> tuple[torch.Tensor, float]:
+        """``(taps, gamma)`` with ``t_k = taps[k] * gamma**k`` for k < length: what ETSC converts into an SSM
+        (the decay is folded into the SSM's eigenvalues, which is exact)."""
+        raise NotImplementedError(f"{type(self).__name__} has no causal recurrent form.")
+
     # -- eval-mode memoisation -----------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "TokenMixer":
         self._eval_cache.clear()

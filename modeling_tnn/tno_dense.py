@@ -47,3 +47,9 @@ class DenseTno(TokenMixer):
         spectrum = self.cached(("spectrum", n, x.device, x.dtype),
                                lambda: self.spectrum(n, fft_len, x.device, x.dtype))
         return fft_convolve(x, spectrum, fft_len)
+
+    def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
+        return self.coefficients(n, device)
+
+    def ssm_kernel(self, length: int, device: torch.device) -> tuple[torch.Tensor, float]:
+        return self.rpe_values(torch.arange(length, device=device)), self.gamma

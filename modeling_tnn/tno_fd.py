@@ -36,6 +36,7 @@ class FdTno(TokenMixer):
     def __init__(self, config: TnnConfig, channels: int):
         super().__init__(channels, causal=bool(config.causal))
         self.grid = 2 * config.fd_kernel_length
+        self.decode_window = self.grid // 2 + 1  # the causal kernel's support: a ring buffer decodes exactly
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels if self.causal else 2 * channels)
 
     def frequencies(self, device: torch.device) -> torch.Tensor:
@@ -82,3 +83,10 @@ class FdTno(TokenMixer):
         spectrum = self.cached(("spectrum", n, x.device, x.dtype),
                                lambda: self.spectrum(n, fft_len, x.device, x.dtype))
         return fft_convolve(x, spectrum, fft_len)
+
+    def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
+        kernel = self.kernel(device)[:n]
+        return torch.cat([kernel, kernel.new_zeros(n - kernel.shape[0], self.channels)])
+
+    def ssm_kernel(self, length: int, device: torch.device) -> tuple[torch.Tensor, float]:
+        return self.causal_taps(length, device), 1.0
