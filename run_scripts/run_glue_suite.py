@@ -23,6 +23,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,12 +104,12 @@ def markdown_table(tasks: list[str], rows: dict[str, dict[str, dict | None]]) ->
     return "\n".join(lines)
 
 
-def run_one(command: list[str], log_path: Path) -> float:
+def run_one(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> float:
     """Run one finetuning process with its output in ``log_path``; returns the wall time in seconds."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with log_path.open("w") as log:
-        process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+        process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env)
     if process.returncode != 0:
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
         raise RuntimeError(f"finetune_glue.py failed (exit {process.returncode}); log {log_path}:\n{tail}")
@@ -133,6 +134,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--results_dir", default=None, help="where the tables go (default: --output_dir)")
     parser.add_argument("--skip_existing", action="store_true",
                         help="reuse a run whose eval_results.json exists (resume an interrupted suite)")
+    parser.add_argument("--jobs", type=int, default=1, help="finetuning runs at a time (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="OMP_NUM_THREADS of each run; 1 avoids threads fighting over shared cores")
     parser.add_argument("--dry_run", action="store_true", help="print the commands and stop")
     args = parser.parse_args(argv)
 
@@ -146,7 +150,10 @@ def main(argv: list[str] | None = None) -> dict:
     results_dir = Path(args.results_dir or args.output_dir)
     eval_limit = ["--max_eval_samples", str(args.max_eval_samples)] if args.max_eval_samples else []
 
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}.")
     report: dict = {"glue_dir": args.glue_dir, "tasks": tasks, "skipped": skipped, "models": models,
+                    "jobs": args.jobs, "threads": args.threads,
                     "common_args": passthrough, "task_args": task_args, "results": {}, "wall_seconds": {},
                     "commands": {}, "majority_baseline": {}}
     for task_name in tasks:
@@ -159,8 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
             baseline.update({f"eval_{k}{suffix}": v for k, v in metrics.items()})
         report["majority_baseline"][task_name] = baseline
 
-    for model_name, checkpoint in models.items():
-        for task_name in tasks:
+    jobs = []  # task-major, so that with --jobs 2 the models' runs of a task go side by side
+    for task_name in tasks:
+        for model_name, checkpoint in models.items():
             out = Path(args.output_dir) / model_name / task_name
             command = [sys.executable, str(HERE / "finetune_glue.py"), "--model_name_or_path", checkpoint,
                        "--task_name", task_name, "--glue_dir", args.glue_dir, "--output_dir", str(out),
@@ -170,18 +178,32 @@ def main(argv: list[str] | None = None) -> dict:
             report["commands"].setdefault(model_name, {})[task_name] = shown
             if args.dry_run:
                 print(shown)
-                continue
-            results_file = out / "eval_results.json"
-            if args.skip_existing and results_file.is_file():
-                seconds = float("nan")
             else:
-                print(f"[{time.strftime('%H:%M:%S')}] {model_name} / {task_name}: {shown}", flush=True)
-                seconds = run_one(command, out / "log.txt")
-            metrics = json.loads(results_file.read_text())
-            report["results"].setdefault(model_name, {})[task_name] = metrics
-            report["wall_seconds"].setdefault(model_name, {})[task_name] = round(seconds, 1)
+                jobs.append((model_name, task_name, command, shown, out))
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
+
+    def run_job(job: tuple) -> tuple[str, str, float]:
+        model_name, task_name, command, shown, out = job
+        if args.skip_existing and (out / "eval_results.json").is_file():
+            return model_name, task_name, float("nan")
+        print(f"[{time.strftime('%H:%M:%S')}] start {model_name} / {task_name}: {shown}", flush=True)
+        return model_name, task_name, run_one(command, out / "log.txt", env)
+
+    finished = {}
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for model_name, task_name, seconds in pool.map(run_job, jobs):
+            out = Path(args.output_dir) / model_name / task_name
+            metrics = json.loads((out / "eval_results.json").read_text())
+            finished[model_name, task_name] = (metrics, seconds)
             scores = {k: round(v, 4) for k, v in metrics.items() if not any(s in k for s in NOT_SCORES)}
-            print(f"  -> {scores} ({seconds:.0f} s)", flush=True)
+            print(f"[{time.strftime('%H:%M:%S')}] done {model_name} / {task_name}: {scores} ({seconds:.0f} s)",
+                  flush=True)
+    for model_name in models:
+        for task_name in tasks:
+            if (model_name, task_name) in finished:
+                metrics, seconds = finished[model_name, task_name]
+                report["results"].setdefault(model_name, {})[task_name] = metrics
+                report["wall_seconds"].setdefault(model_name, {})[task_name] = round(seconds, 1)
     if args.dry_run:
         return report
 
