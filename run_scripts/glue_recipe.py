@@ -13,9 +13,11 @@ Steps, all under ``--work_dir`` (ignored by git) except the result tables:
    parameter count; both run at once with ``--jobs 2``;
 4. ``run_glue_suite.py`` over both checkpoints with the same finetuning arguments.
 
-Sized for 2 shared CPU cores (about 30 minutes in all with the defaults when the cores are not busy with other
-work): 150 MLM steps of 32 x 128 tokens, then 2 epochs on at most 4,000 training rows per task with inputs cut to 64
-tokens. Every step can be resumed with ``--skip_existing``.
+Sized for 2 CPU cores shared with other work (about 35 minutes in all with the defaults when other processes
+take about half of the cores): 120 MLM steps of 16 x 128 tokens, then 1 epoch on at most 2,000 training rows per task
+(a seeded random subset) with inputs cut to 64 tokens, evaluation on the full dev sets. These are tiny budgets: the
+numbers compare two architectures under the same small recipe, they are far from published GLUE scores. Every step
+can be resumed with ``--skip_existing``.
 """
 
 from __future__ import annotations
@@ -107,14 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results_dir", default="results/glue", help="the small result files (JSON + markdown)")
     parser.add_argument("--tasks", default=None, help="comma-separated GLUE tasks (default: all available locally)")
     parser.add_argument("--vocab_size", type=int, default=4096)
-    parser.add_argument("--pretrain_steps", type=int, default=150)
-    parser.add_argument("--pretrain_batch_size", type=int, default=32)
+    parser.add_argument("--pretrain_steps", type=int, default=120)
+    parser.add_argument("--pretrain_batch_size", type=int, default=16)
     parser.add_argument("--pretrain_learning_rate", type=float, default=1e-3)
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--learning_rate", type=float, default=5e-4, help="finetuning learning rate")
-    parser.add_argument("--num_train_epochs", type=float, default=2)
+    parser.add_argument("--num_train_epochs", type=float, default=1)
+    parser.add_argument("--train_batch_size", type=int, default=16, help="finetuning batch size")
     parser.add_argument("--max_seq_length", type=int, default=64)
-    parser.add_argument("--max_train_samples", type=int, default=4000,
+    parser.add_argument("--max_train_samples", type=int, default=2000,
                         help="training rows kept per task, a seeded random subset where a task has more (CoLA 8,551, "
                              "SST-2 67,349, STS-B 5,749)")
     parser.add_argument("--jobs", type=int, default=2, help="processes at a time (pretraining and finetuning)")
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         suite_args.append("--skip_existing")
     suite_args += ["--", "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.num_train_epochs),
                    "--max_seq_length", str(args.max_seq_length), "--max_train_samples", str(args.max_train_samples),
-                   "--train_subsample_seed", str(args.seed), "--per_device_train_batch_size", "32",
+                   "--train_subsample_seed", str(args.seed), "--per_device_train_batch_size", str(args.train_batch_size),
                    "--per_device_eval_batch_size", "128", "--warmup_steps", "0.1", "--weight_decay", "0.01",
                    "--seed", str(args.seed), "--save_strategy", "no", "--eval_strategy", "no", "--report_to", "none",
                    "--disable_tqdm", "true"]
