@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,7 +53,7 @@ class TokenMixer(nn.Module):
         super().__init__()
         self.channels = channels
         self.causal = causal
-        self._eval_cache: dict[Hashable, torch.Tensor] = {}
+        self._eval_cache: dict[Hashable, Any] = {}
         self._eval_cache_version: tuple = ()
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -85,7 +86,7 @@ class TokenMixer(nn.Module):
     def _parameter_version(self) -> tuple:
         return tuple((p._version, p.data_ptr(), p.device, p.dtype) for p in self.parameters())
 
-    def cached(self, key: Hashable, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def cached(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()``, memoised under ``key`` in eval mode without autograd; recomputed otherwise."""
         if self.training or torch.is_grad_enabled():
             return compute()

@@ -19,6 +19,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_tnn import TnnConfig
+from .etsc_cache import TnnCache, mix_with_cache
 from .mixer_base import TokenMixer
 from .rpe import SimpleRMSNorm
 from .tno_dense import DenseTno
@@ -53,20 +54,26 @@ class Gtu(nn.Module):
     """Gated Toeplitz Unit: ``W_o(silu(W_u x) * TokenMixer(silu(W_v x)))``; pad positions of the mixer input are
     zeroed so that padding never reaches a real token."""
 
-    def __init__(self, config: TnnConfig):
+    def __init__(self, config: TnnConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         width = config.gtu_dim
         self.u_proj = nn.Linear(config.hidden_size, width)
         self.v_proj = nn.Linear(config.hidden_size, width)
         self.o_proj = nn.Linear(width, config.hidden_size)
         self.token_mixer = build_token_mixer(config, width)
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache: TnnCache | None = None) -> torch.Tensor:
         u = F.silu(self.u_proj(x))
         v = F.silu(self.v_proj(x))
         if attention_mask is not None:
             v = v * attention_mask[..., None].to(v.dtype)
-        return self.o_proj(u * self.token_mixer(v, attention_mask))
+        if cache is None:
+            mixed = self.token_mixer(v, attention_mask)
+        else:
+            mixed = mix_with_cache(self.token_mixer, v, attention_mask, cache.layers[self.layer_idx], cache)
+        return self.o_proj(u * mixed)
 
 
 class Glu(nn.Module):
@@ -89,13 +96,14 @@ class TnnBlock(GradientCheckpointingLayer):
         super().__init__()
         self.layer_idx = layer_idx
         self.token_norm = SimpleRMSNorm()
-        self.gtu = Gtu(config)
+        self.gtu = Gtu(config, layer_idx)
         self.channel_norm = SimpleRMSNorm()
         self.glu = Glu(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden_states = hidden_states + self.dropout(self.gtu(self.token_norm(hidden_states), attention_mask))
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache: TnnCache | None = None) -> torch.Tensor:
+        hidden_states = hidden_states + self.dropout(self.gtu(self.token_norm(hidden_states), attention_mask, cache))
         return hidden_states + self.dropout(self.glu(self.channel_norm(hidden_states)))
 
 
@@ -110,6 +118,7 @@ class TnnPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
     _can_compile_fullgraph = False
+    _is_stateful = True  # recurrent decoding state: transformers refuses assisted generation, as for Mamba
     # (default causal value, allowed causal values) of each class; `None` keeps the config as it is.
     _causal_default: bool = True
     _causal_allowed: tuple[bool, ...] = (True, False)
@@ -190,30 +199,48 @@ class TnnModel(TnnPreTrainedModel):
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        generation_cache: str | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
-        """Run the backbone. ``attention_mask`` is a 2-D padding mask (1 = token, 0 = padding)."""
+        """Run the backbone. ``attention_mask`` is a 2-D padding mask (1 = token, 0 = padding); while decoding it
+        may cover the cached past too (its last columns are this call's tokens).
+
+        With ``use_cache=True`` (as ``generate`` passes) a causal model returns a :class:`TnnCache` in the
+        ``generation_cache`` mode (``"etsc"`` or ``"exact"``; default ``config.generation_cache``); passing that
+        cache back makes the next call continue the sequence in constant time per token.
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        cache = cache if cache is not None else past_key_values
         if inputs_embeds is None:
             inputs_embeds = self.embeddings(input_ids)
+        length = inputs_embeds.shape[1]
+        if attention_mask is not None and attention_mask.dim() == 2 and cache is not None:
+            attention_mask = attention_mask[:, -length:]
         attention_mask = _check_attention_mask(attention_mask, inputs_embeds.shape[:2])
+        if cache is None and use_cache and not (self.training and torch.is_grad_enabled()):
+            cache = TnnCache(self.config, mode=generation_cache) if self.config.causal else None
+        if cache is not None and not self.config.causal:
+            raise ValueError("A bidirectional TNN (causal=False) cannot decode with a cache; pass use_cache=False.")
 
         hidden_states = self.dropout(inputs_embeds * self.embed_scale)
         all_hidden_states = () if output_hidden_states else None
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
-            hidden_states = layer(hidden_states, attention_mask=attention_mask)
+            hidden_states = layer(hidden_states, attention_mask=attention_mask, cache=cache)
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
+        if cache is not None:
+            cache._seen_tokens += length
 
-        output = BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
+        output = BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden_states,
+                                         **{CACHE_FIELD: cache})
         return output if return_dict else output.to_tuple()
 
 
@@ -255,6 +282,7 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        generation_cache: str | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Causal LM forward; ``labels`` are the unshifted input ids (the loss shifts them), -100 is ignored."""
@@ -263,8 +291,11 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            cache=cache if cache is not None else past_key_values,
+            use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            generation_cache=generation_cache,
         )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int):
@@ -275,14 +306,15 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        output = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                        **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
         return output if return_dict else output.to_tuple()
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, attention_mask=None, **kwargs):
         cache = kwargs.pop("cache", None)
         if cache is None:
             cache = kwargs.pop("past_key_values", None)
-        if cache is None:
+        if cache is None or not cache.has_previous_state():
             next_sequence_length = None  # no recurrent state yet: the whole prefix goes through the FFT path
         model_inputs = super().prepare_inputs_for_generation(
             input_ids, next_sequence_length=next_sequence_length, attention_mask=None,
