@@ -102,6 +102,8 @@ REMOTE_SCRIPT = textwrap.dedent("""
             with torch.no_grad():
                 res = model(input_ids=ids)
             out[folder + "|" + name] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+            if name == "AutoModelForCausalLM":  # generate with the ETSC cache from the remote code
+                out[folder + "|generate"] = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     torch.save(out, {result!r})
 """)
 
@@ -137,3 +139,6 @@ def test_remote_code_without_the_package(remote_code_run, cls, causal, fitting, 
         torch.testing.assert_close(out[f"{folder}|{head_name}"], _main_output(model(input_ids=ids)), atol=0, rtol=0)
         torch.testing.assert_close(out[f"{folder}|AutoModel"], model.model(input_ids=ids).last_hidden_state,
                                    atol=0, rtol=0)
+    if cls is TnnForCausalLM:
+        no_cache = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=False)
+        assert torch.equal(out[f"{folder}|generate"], no_cache)
