@@ -56,28 +56,27 @@ def test_prefill_state_equals_stepping_from_an_empty_state(mixer, mode):
     torch.testing.assert_close(direct, state.to(direct.dtype), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["etsc", "exact"])
-@pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
-def test_greedy_with_cache_equals_no_cache_within_the_horizon(mixer, mode):
-    model = _model(mixer, generation_cache=mode)
-    prompt = torch.randint(1, 128, (1, 5))
-    cached = _generate(model, prompt, max_new_tokens=HORIZON - 5)
-    full = _generate(model, prompt, max_new_tokens=HORIZON - 5, use_cache=False)
+def _assert_cache_matches_full_recompute(model, prompt, new_tokens, **kwargs):
+    """Greedy generate with the cache gives the tokens of generate(use_cache=False), logits within 1e-4."""
+    cached = _generate(model, prompt, max_new_tokens=new_tokens, **kwargs)
+    full = _generate(model, prompt, max_new_tokens=new_tokens, use_cache=False)
     assert isinstance(cached.cache if hasattr(cached, "cache") else cached.past_key_values, TnnCache)
     assert torch.equal(cached.sequences, full.sequences)
     for a, b in zip(cached.logits, full.logits):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("mode", ["etsc", "exact"])
+@pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
+def test_greedy_with_cache_equals_no_cache_within_the_horizon(mixer, mode):
+    _assert_cache_matches_full_recompute(_model(mixer, generation_cache=mode), torch.randint(1, 128, (1, 5)),
+                                         HORIZON - 5)
+
+
 @pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
 def test_exact_mode_stays_exact_beyond_the_horizon(mixer):
-    model = _model(mixer)
     prompt = torch.randint(1, 128, (1, 2 * HORIZON))  # the prompt alone crosses the horizon twice
-    cached = _generate(model, prompt, max_new_tokens=2 * HORIZON, generation_cache="exact")
-    full = _generate(model, prompt, max_new_tokens=2 * HORIZON, use_cache=False)
-    assert torch.equal(cached.sequences, full.sequences)
-    for a, b in zip(cached.logits, full.logits):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    _assert_cache_matches_full_recompute(_model(mixer), prompt, 2 * HORIZON, generation_cache="exact")
 
 
 @pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
@@ -156,10 +155,7 @@ def test_conversion_is_recomputed_when_weights_change():
     with torch.no_grad():
         for layer in model.model.layers:
             layer.gtu.token_mixer.rpe.out_proj.bias.mul_(-3.0)
-    cached = _generate(model, prompt)
-    full = _generate(model, prompt, use_cache=False)
-    for a, b in zip(cached.logits, full.logits):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    _assert_cache_matches_full_recompute(model, prompt, HORIZON - 6)
 
 
 def test_bad_generation_cache_mode_raises():
