@@ -1,0 +1,447 @@
+"""Publishing to the Hub (run_scripts/publish.py, hub_publishing.py): the dry-run folder's file list against the
+allow-list, the model card's metadata against the run's results files, loading the folder as remote code offline
+(by path and by repo id from a Hugging Face cache layout) where modeling_tnn is not importable, the upload path with
+the huggingface_hub boundary patched, and the errors that stop before anything is uploaded."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from huggingface_hub import HfApi, ModelCard
+
+from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification
+
+from conftest import PROJECT_ROOT, tiny_config
+
+sys.path.insert(0, str(PROJECT_ROOT / "run_scripts"))
+import hub_publishing as hp  # noqa: E402
+import publish  # noqa: E402
+
+FAKE_TOKEN = "hf_FakeTokenThatMustNeverBePrinted0123456789"
+REPOS = {"clm": "tnn-test/tiny-clm", "mlm": "tnn-test/tiny-mlm-fd", "rte": "tnn-test/tiny-rte-ski"}
+# A valid 1x1 PNG: stands for the eval_lengths.png plot train_clm.py draws.
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kg"
+                       "AAAABJRU5ErkJggg==")
+# Files of a training output that a model repository must never hold.
+EXCLUDED = ["optimizer.pt", "scheduler.pt", "random_states_0.pkl", "training_args.bin", "trainer_state.json",
+            "metrics.jsonl", "all_results.json", "eval_results.json", "train_results.json", "train.log", ".env"]
+
+
+def _write_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value, indent=2))
+
+
+def _add_training_debris(run: Path) -> None:
+    """What a real output folder also holds: checkpoints with optimizer states, logs, TensorBoard runs, caches and
+    an environment file with a token. None of it may reach the Hub folder."""
+    torch.save({"state": {}}, run / "optimizer.pt")
+    torch.save({"last_epoch": 3}, run / "scheduler.pt")
+    for checkpoint in ("step_10", "checkpoint-10", ".tmp-step_20"):
+        (run / checkpoint).mkdir()
+        shutil.copyfile(run / "model.safetensors", run / checkpoint / "model.safetensors")
+        torch.save({"state": {}}, run / checkpoint / "optimizer.pt")
+    (run / "runs").mkdir()
+    (run / "runs" / "events.out.tfevents.1.host").write_bytes(b"\0")
+    (run / ".cache").mkdir()
+    (run / ".cache" / "token").write_text(FAKE_TOKEN)
+    (run / ".env").write_text(f"HF_TOKEN={FAKE_TOKEN}\n")
+    (run / "train.log").write_text("step 10 loss 5.0\n")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer):
+    """Three tiny training outputs laid out as the training scripts write them: a causal LM (train_clm.py, dense
+    mixer), a masked LM (train_mlm.py, FD mixer) and a GLUE RTE classifier (finetune_glue.py, SKI mixer)."""
+    root = tmp_path_factory.mktemp("runs")
+    special = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+               "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    torch.manual_seed(0)
+    models = {"clm": TnnForCausalLM(tiny_config("dense", **special)),
+              "mlm": TnnForMaskedLM(tiny_config("fd", **special)),
+              "rte": TnnForSequenceClassification(tiny_config("ski", num_labels=2, **special))}
+    models["rte"].config.finetuning_task = "rte"
+    models["rte"].config.id2label, models["rte"].config.label2id = ({0: "entailment", 1: "not_entailment"},
+                                                                    {"entailment": 0, "not_entailment": 1})
+    paths = {}
+    for name, model in models.items():
+        run = root / name
+        model.eval().save_pretrained(run)
+        tokenizer.save_pretrained(run)
+        paths[name] = run
+
+    clm, mlm, rte = paths["clm"], paths["mlm"], paths["rte"]
+    _write_json(clm / "all_results.json", {
+        "eval_loss": 5.123456789, "perplexity": math.exp(5.123456789), "train_loss": 5.9, "train_runtime": 12.5,
+        "train_steps": 20, "train_tokens": 5120, "train_tokens_per_second": 409.6, "epoch": 1,
+        "num_parameters": models["clm"].num_parameters(), "num_processes": 1, "block_size": 16,
+        "eval_lengths": {"16": {"perplexity": 171.25, "tokens": 256, "mode": "full"},
+                         "64": {"perplexity": 180.5, "tokens": 256, "mode": "full"}}})
+    (clm / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "epoch": 0, "train_loss": 6.0 - 0.05 * s, "learning_rate": 1e-3 * s / 20,
+                    "tokens_per_second": 400.0, "tokens_seen": 256 * s}) + "\n" for s in (5, 10, 15, 20))
+        + json.dumps({"step": 20, "epoch": 0, "eval_loss": 5.123456789, "perplexity": 167.9}) + "\n")
+    (clm / "eval_lengths.png").write_bytes(PNG)
+    (root / "quality_tiny.png").write_bytes(PNG)  # a benchmark's plot kept outside the run folder (--plot)
+    _add_training_debris(clm)
+
+    _write_json(mlm / "all_results.json", {
+        "eval_loss": 4.5, "perplexity": math.exp(4.5), "train_loss": 5.0, "train_runtime": 8.0, "train_steps": 10,
+        "train_tokens": 2560, "train_tokens_per_second": 320.0, "epoch": 0,
+        "num_parameters": models["mlm"].num_parameters(), "num_processes": 1, "block_size": 16,
+        "hardware": "2 test CPU cores"})
+
+    eval_results = {"epoch": 3.0, "eval_accuracy": 0.5342960288808665, "eval_loss": 0.69, "eval_runtime": 1.5,
+                    "eval_samples": 277, "eval_samples_per_second": 184.6, "eval_steps_per_second": 6.0}
+    train_results = {"epoch": 3.0, "train_loss": 0.7, "train_runtime": 30.25, "train_samples": 640}
+    _write_json(rte / "eval_results.json", eval_results)
+    _write_json(rte / "train_results.json", train_results)
+    _write_json(rte / "all_results.json", {**train_results, **eval_results})
+    _write_json(rte / "trainer_state.json", {"global_step": 60, "train_batch_size": 32, "log_history": [
+        {"step": 20, "loss": 0.71}, {"step": 40, "loss": 0.70}, {"step": 60, "loss": 0.69}]})
+    (rte / "training_args.bin").write_bytes(b"pickled arguments")
+    (rte / "README.md").write_text("# Trainer's own card, to be replaced\n")
+    _add_training_debris(rte)
+    return paths, models
+
+
+DATASET_FLAGS = {"clm": ["--dataset", "Salesforce/wikitext", "--dataset_config", "wikitext-2-raw-v1",
+                         "--example_text", "def main"],
+                 "mlm": ["--dataset_name", "Tiny test text"],
+                 "rte": []}
+
+
+def _run_main(argv: list[str]) -> tuple[int | None, str]:
+    """Run publish.py's main in-process; returns (exit code or None, stdout + stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            publish.main(argv)
+        except SystemExit as stop:
+            code = stop.code
+    return code, out.getvalue() + err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def published(runs, tmp_path_factory):
+    """publish.py --dry-run on every run (the Hub methods patched to fail if called); {name: (folder, output)}."""
+    paths, _ = runs
+    root = tmp_path_factory.mktemp("hub")
+    built = {}
+    with mock.patch.object(HfApi, "create_repo", side_effect=AssertionError("dry run called create_repo")), \
+            mock.patch.object(HfApi, "upload_folder", side_effect=AssertionError("dry run uploaded")):
+        for name, run in paths.items():
+            folder = root / name
+            argv = [str(run), "--repo_id", REPOS[name], "--dry-run", "--output_dir", str(folder),
+                    "--card_dir", str(root / "cards" / name), *DATASET_FLAGS[name]]
+            if name == "clm":
+                argv += ["--plot", str(run.parent / "quality_tiny.png")]
+            code, output = _run_main(argv)
+            assert code is None, output
+            built[name] = (folder, output)
+    return built
+
+
+def _expected_files(run: Path, name: str) -> set[str]:
+    code = {p.name for p in run.glob("*.py")}  # save_pretrained wrote exactly the model code's import closure
+    common = {"README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", *code}
+    extra = {"clm": {"generation_config.json", "plots/eval_lengths.png", "plots/quality_tiny.png",
+                     "plots/training_loss.png"},
+             "mlm": set(), "rte": {"plots/training_loss.png"}}
+    return common | extra[name]
+
+
+def test_allow_list():
+    for allowed in ("README.md", "config.json", "model.safetensors", "model-00001-of-00002.safetensors",
+                    "tokenizer.json", "modeling_tnn.py", "plots/loss.png", "generation_config.json"):
+        assert hp.is_allowed(allowed), allowed
+    for refused in [*EXCLUDED, "step_10/model.safetensors", "checkpoint-10/optimizer.pt", "runs/events.out",
+                    ".cache/token", "plots/sub/a.png", "plots/notes.txt", "pytorch_model.bin", "sub/modeling_tnn.py"]:
+        assert not hp.is_allowed(refused), refused
+
+
+@pytest.mark.parametrize("name", list(REPOS))
+def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
+    paths, _ = runs
+    folder, output = published[name]
+    files = hp.list_folder(folder)
+    assert set(files) == _expected_files(paths[name], name)
+    assert all(hp.is_allowed(f) for f in files)
+    assert not set(files) & set(EXCLUDED)
+    assert str(folder) in output and all(f in output for f in files) and "nothing uploaded" in output
+    assert not any(FAKE_TOKEN in (folder / f).read_text(errors="ignore") for f in files if not f.endswith(".png"))
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"] == hp.AUTO_MAP and len(config["auto_map"]) == 5
+    # weights and tokenizer are byte copies of the run's
+    for same in ("model.safetensors", "tokenizer.json"):
+        assert (folder / same).read_bytes() == (paths[name] / same).read_bytes()
+    # --card_dir got the card and its plots, never weights or code
+    card_dir = folder.parent / "cards" / name
+    assert set(hp.list_folder(card_dir)) == {f for f in files if f == "README.md" or f.startswith("plots/")}
+
+
+def _metrics_by_key(card: ModelCard) -> dict[tuple[str, str | None], float]:
+    return {(r.metric_type, r.metric_config): r.metric_value for r in card.data.eval_results}
+
+
+@pytest.mark.parametrize("name", list(REPOS))
+def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, published, name):
+    paths, _ = runs
+    folder, _ = published[name]
+    card = ModelCard.load(folder / "README.md")
+    data = card.data
+    assert data.license == "apache-2.0" and data.library_name == "transformers"
+    assert data.pipeline_tag == {"clm": "text-generation", "mlm": "fill-mask", "rte": "text-classification"}[name]
+    assert {"tnn", "toeplitz", "custom_code"} <= set(data.tags)
+    assert {"clm": "tnn-dense", "mlm": "fd-tnn", "rte": "ski-tnn"}[name] in data.tags
+    assert data.model_name == REPOS[name].split("/")[1]
+    if name == "rte":
+        results = json.loads((paths[name] / "eval_results.json").read_text())
+        assert _metrics_by_key(card) == {("accuracy", None): results["eval_accuracy"]}
+        (result,) = data.eval_results
+        assert (result.dataset_type, result.dataset_config, result.dataset_split) == ("nyu-mll/glue", "rte",
+                                                                                      "validation")
+        assert data.datasets == ["nyu-mll/glue"]
+        assert "Trainer's own card" not in card.text
+    else:
+        results = json.loads((paths[name] / "all_results.json").read_text())
+        expected = {("perplexity", None): results["perplexity"], ("loss", None): results["eval_loss"]}
+        for length, values in results.get("eval_lengths", {}).items():
+            expected[("perplexity", f"length_{length}")] = values["perplexity"]
+        assert _metrics_by_key(card) == expected
+        assert {r.task_type for r in data.eval_results} == {"text-generation" if name == "clm" else "fill-mask"}
+    if name == "clm":
+        assert data.datasets == ["Salesforce/wikitext"]
+        assert {r.dataset_config for r in data.eval_results} == {"wikitext-2-raw-v1"}
+        assert "etsc_length" in card.text  # the generation limitation names the horizon (or its absence)
+    if name == "mlm":
+        assert data.datasets is None  # local data: named in the model-index, not claimed as a Hub dataset
+        assert "`fd_kernel_length` = 64" in card.text and "2 test CPU cores" in card.text
+    # every plot in the folder is shown in the card, and the card shows no plot that is missing
+    plots = {f for f in hp.list_folder(folder) if f.startswith("plots/")}
+    assert set(re.findall(r"\]\((plots/[^)]+)\)", card.text)) == plots
+    assert "trust_remote_code=True" in card.text
+
+
+REMOTE_SCRIPT = textwrap.dedent("""
+    import importlib.abc, io, json, re, sys, contextlib
+    class BlockTnn(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "modeling_tnn" or name.startswith("modeling_tnn."):
+                raise ImportError("modeling_tnn is blocked in this test")
+    sys.meta_path.insert(0, BlockTnn())
+    sys.path = [p for p in sys.path if p not in ("", {root!r})]
+    import torch, transformers
+    try:
+        import modeling_tnn
+        raise SystemExit("modeling_tnn should not be importable here")
+    except ImportError:
+        pass
+    jobs = json.loads({jobs!r})
+    ids = torch.load({ids!r})
+    out = {{}}
+    for job in jobs:
+        source = job["source"]
+        config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=True)
+        assert type(config).__module__.startswith("transformers_modules"), type(config).__module__
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+        assert len(tokenizer) == config.vocab_size
+        for name in job["classes"]:
+            model = getattr(transformers, name).from_pretrained(source, trust_remote_code=True).eval()
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            with torch.no_grad():
+                res = model(input_ids=ids)
+                backbone = model.model if hasattr(model, "model") else model
+                out[f"{{source}}|{{name}}|backbone"] = backbone(input_ids=ids).last_hidden_state
+            out[f"{{source}}|{{name}}"] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+        if job.get("snippet"):  # the card's usage snippet, verbatim
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(job["snippet"], {{}})
+            out[f"{{source}}|snippet"] = printed.getvalue()
+    torch.save(out, {result!r})
+""")
+
+
+def _cache_layout(folder: Path, repo_id: str, cache: Path) -> None:
+    """Lay ``folder`` out as huggingface_hub's cache holds a downloaded repository."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(folder, repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+
+
+@pytest.fixture(scope="module")
+def remote_loads(runs, published, tmp_path_factory):
+    """Load every published folder, by path and by repo id, with every applicable Auto class and run each card's
+    snippet, all in ONE offline subprocess where modeling_tnn cannot be imported."""
+    paths, models = runs
+    root = tmp_path_factory.mktemp("remote")
+    cache = root / "hub_cache"
+    ids = torch.randint(5, models["clm"].config.vocab_size, (2, 9))
+    torch.save(ids, root / "ids.pt")
+    jobs, expected_classes = [], {}
+    for name, (folder, _) in published.items():
+        info = hp.inspect_run(paths[name])
+        classes = hp.applicable_auto_classes(info)
+        expected_classes[name] = classes
+        _cache_layout(folder, REPOS[name], cache)
+        snippet = re.search(r"```python\n(.*?)```", ModelCard.load(folder / "README.md").text, re.S).group(1)
+        jobs.append({"source": str(folder), "classes": classes, "name": name})
+        jobs.append({"source": REPOS[name], "classes": classes, "name": name, "snippet": snippet})
+    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), jobs=json.dumps(jobs), ids=str(root / "ids.pt"),
+                                  result=str(root / "out.pt"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(root / "hf_home"),
+           "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": "", "TRANSFORMERS_VERBOSITY": "error",
+           "OMP_NUM_THREADS": "1"}  # tiny models: threads only add contention on a shared machine
+    env.pop("HF_TOKEN", None)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return ids, jobs, expected_classes, torch.load(root / "out.pt")
+
+
+@pytest.mark.parametrize("name", list(REPOS))
+def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs, remote_loads, name):
+    _, models = runs
+    ids, jobs, expected_classes, out = remote_loads
+    model = models[name]
+    head = hp.HEAD_AUTO_CLASS[type(model).__name__]
+    assert head in expected_classes[name] and "AutoModel" in expected_classes[name]
+    assert ("AutoModelForMaskedLM" in expected_classes[name]) == (name == "mlm")
+    assert ("AutoModelForCausalLM" in expected_classes[name]) == (name == "clm")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
+    try:
+        with torch.no_grad():
+            reference = model(input_ids=ids).logits
+            backbone = model.model(input_ids=ids).last_hidden_state
+    finally:
+        torch.set_num_threads(threads)
+    sources = [job["source"] for job in jobs if job["name"] == name]
+    assert sources == [str(Path(sources[0])), REPOS[name]]  # once by path, once by repo id from the cache
+    for source in sources:
+        torch.testing.assert_close(out[f"{source}|{head}"], reference, atol=0, rtol=0)
+        for auto_class in expected_classes[name]:  # every class, even a new head, shares the saved backbone
+            torch.testing.assert_close(out[f"{source}|{auto_class}|backbone"], backbone, atol=0, rtol=0)
+    printed = out[f"{REPOS[name]}|snippet"]
+    if name == "clm":
+        assert printed.startswith("def main")
+    elif name == "mlm":
+        assert len(printed.strip().splitlines()) == 5  # top_k=5 guesses
+    else:
+        assert "'label': '" in printed and ("entailment" in printed)
+
+
+class _Commit(SimpleNamespace):
+    pass
+
+
+def test_upload_creates_the_repo_and_uploads_the_folder_once(runs, published, monkeypatch, capsys, caplog):
+    paths, _ = runs
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    seen = {}
+
+    def fake_upload(self, **kwargs):
+        folder = Path(kwargs["folder_path"])
+        seen["files"] = hp.list_folder(folder)
+        seen["leak"] = any(FAKE_TOKEN in (folder / f).read_text(errors="ignore") for f in seen["files"]
+                           if not f.endswith((".png", ".safetensors")))
+        seen["folder"] = folder
+        return _Commit(commit_url="https://huggingface.co/tnn-test/tiny-clm/commit/abc",
+                       pr_url="https://huggingface.co/tnn-test/tiny-clm/discussions/1")
+
+    with mock.patch.object(HfApi, "create_repo", autospec=True) as create_repo, \
+            mock.patch.object(HfApi, "upload_folder", autospec=True, side_effect=fake_upload) as upload:
+        code, output = _run_main([str(paths["clm"]), "--repo_id", REPOS["clm"], "--private", "--create_pr",
+                                  *DATASET_FLAGS["clm"], "--plot", str(paths["clm"].parent / "quality_tiny.png")])
+    assert code is None, output
+    create_repo.assert_called_once()
+    assert create_repo.call_args.args[1:] == (REPOS["clm"],)
+    assert create_repo.call_args.kwargs == {"repo_type": "model", "private": True, "exist_ok": True}
+    upload.assert_called_once()
+    kwargs = upload.call_args.kwargs
+    assert kwargs["repo_id"] == REPOS["clm"] and kwargs["repo_type"] == "model" and kwargs["create_pr"] is True
+    assert kwargs["commit_message"] == "Upload TnnForCausalLM (step 20)"
+    assert "token" not in kwargs  # huggingface_hub finds the token itself
+    assert set(seen["files"]) == set(hp.list_folder(published["clm"][0]))
+    assert not seen["leak"]
+    assert not seen["folder"].exists()  # the temporary folder is removed after the upload
+    assert "discussions/1" in output
+    captured = capsys.readouterr()
+    assert FAKE_TOKEN not in output + captured.out + captured.err + caplog.text
+
+
+@pytest.mark.parametrize("name, missing, message", [
+    ("clm", "all_results.json", "all_results.json"),
+    ("clm", "model.safetensors", "no weights"),
+    ("rte", "eval_results.json", "eval_results.json"),
+    ("clm", "tokenizer_config.json", "no tokenizer"),
+])
+def test_missing_results_or_weights_stop_before_upload(runs, tmp_path, monkeypatch, name, missing, message):
+    paths, _ = runs
+    run = tmp_path / name
+    shutil.copytree(paths[name], run, ignore=shutil.ignore_patterns("step_*", "checkpoint-*", ".tmp-*", "runs"))
+    (run / missing).unlink()
+    if missing == "eval_results.json":
+        (run / "all_results.json").unlink()  # Trainer's all_results.json would stand in for it
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    with mock.patch.object(HfApi, "create_repo") as create_repo, mock.patch.object(HfApi, "upload_folder") as upload:
+        code, output = _run_main([str(run), "--repo_id", REPOS[name], *DATASET_FLAGS[name]])
+    assert code == 2
+    assert output.startswith("publish.py: error:") and message in output and str(run) in output
+    create_repo.assert_not_called()
+    upload.assert_not_called()
+    assert FAKE_TOKEN not in output
+
+
+def test_no_token_and_bad_flags_stop_before_upload(runs, tmp_path):
+    paths, _ = runs
+    with mock.patch("huggingface_hub.get_token", return_value=None), \
+            mock.patch.object(HfApi, "create_repo") as create_repo, mock.patch.object(HfApi, "upload_folder") as upload:
+        code, output = _run_main([str(paths["rte"]), "--repo_id", REPOS["rte"]])
+        assert code == 2 and "hf auth login" in output and "HF_TOKEN" in output
+        code, output = _run_main([str(paths["rte"]), "--repo_id", "no-slash", "--dry-run"])
+        assert code == 2 and "--repo_id 'no-slash'" in output
+        # an output folder that holds the run would be wiped by --overwrite: refused
+        code, output = _run_main([str(paths["rte"]), "--repo_id", REPOS["rte"], "--dry-run", "--overwrite",
+                                  "--output_dir", str(paths["rte"].parent)])
+        assert code == 2 and "--output_dir" in output
+        assert paths["rte"].joinpath("model.safetensors").is_file()
+        code, output = _run_main([str(paths["mlm"]), "--repo_id", REPOS["mlm"], "--dry-run",
+                                  "--output_dir", str(tmp_path / "x")])  # a language model needs its dataset named
+        assert code == 2 and "--dataset" in output
+        code, output = _run_main([str(paths["mlm"]), "--repo_id", REPOS["mlm"], "--dry-run", "--dataset_name", "x",
+                                  "--example_text", "no mask here", "--output_dir", str(tmp_path / "y")])
+        assert code == 2 and "{mask}" in output
+    create_repo.assert_not_called()
+    upload.assert_not_called()
+
+
+def test_code_from_the_installed_package(runs, tmp_path):
+    paths, _ = runs
+    code, output = _run_main([str(paths["rte"]), "--repo_id", REPOS["rte"], "--dry-run", "--code", "package",
+                              "--output_dir", str(tmp_path / "hub")])
+    assert code is None, output
+    package = PROJECT_ROOT / "modeling_tnn"
+    shipped = sorted((tmp_path / "hub").glob("*.py"))
+    assert {p.name for p in shipped} >= {"configuration_tnn.py", "modeling_tnn.py"}
+    assert "__init__.py" not in {p.name for p in shipped}
+    for path in shipped:
+        assert path.read_bytes() == (package / path.name).read_bytes()
