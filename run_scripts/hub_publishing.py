@@ -300,9 +300,10 @@ def eval_results_from_run(info: RunInfo, dataset: DatasetRef) -> list[Any]:
     common = dict(task_type=task_type, task_name=task_name, dataset_type=dataset.model_index_type,
                   dataset_name=dataset.name or dataset.hub_id, dataset_config=dataset.config,
                   dataset_split=dataset.split)
-    out.append(EvalResult(metric_type="perplexity", metric_name=METRIC_NAMES["perplexity"],
+    scored = "" if info.causal else " (masked tokens)"  # an MLM scores only its masked positions
+    out.append(EvalResult(metric_type="perplexity", metric_name=METRIC_NAMES["perplexity"] + scored,
                           metric_value=_number(results["perplexity"], f"{source}: perplexity"), **common))
-    out.append(EvalResult(metric_type="loss", metric_name=METRIC_NAMES["loss"],
+    out.append(EvalResult(metric_type="loss", metric_name=METRIC_NAMES["loss"] + scored,
                           metric_value=_number(results["eval_loss"], f"{source}: eval_loss"), **common))
     for length, values in sorted((results.get("eval_lengths") or {}).items(), key=lambda item: int(item[0])):
         out.append(EvalResult(metric_type="perplexity", metric_name=f"Perplexity at {int(length):,} tokens",
@@ -490,9 +491,12 @@ def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
                     "so long generations drift from what the full model computes. Load with "
                     "`generation_cache=\"exact\"` (a `from_pretrained` keyword) or a larger `etsc_length` when "
                     "exactness at every length matters.")
+            elif mixer == "fd":
+                items.append("The generation cache is `\"exact\"`: a ring buffer of the last `fd_kernel_length` "
+                             "mixer inputs, exact at every length in constant memory.")
             else:
-                items.append("The generation cache is `\"exact\"`: exact at every length, at a per-token cost that "
-                             "grows with the context for the dense mixer.")
+                items.append("The generation cache is `\"exact\"`: it keeps every past mixer input, so it is exact "
+                             "at every length but each new token costs time and memory that grow with the context.")
         else:
             items.append("This code version has no recurrent generation cache: each generated token runs the "
                          "model again over the whole prefix, so generation cost grows with length.")

@@ -228,7 +228,12 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     if name == "clm":
         assert data.datasets == ["Salesforce/wikitext"]
         assert {r.dataset_config for r in data.eval_results} == {"wikitext-2-raw-v1"}
-        assert "etsc_length" in card.text  # the generation limitation names the horizon (or its absence)
+        # the generation limitation follows the shipped code: the ETSC horizon when it has the cache
+        has_cache = any("etsc_length" in p.read_text() for p in paths[name].glob("*.py")
+                        if p.name != "configuration_tnn.py")
+        horizon = "`etsc_length` = 64 positions; beyond that the converted kernel repeats with period 65"
+        assert (horizon in card.text) == has_cache
+        assert ("no recurrent generation cache" in card.text) == (not has_cache)
     if name == "mlm":
         assert data.datasets is None  # local data: named in the model-index, not claimed as a Hub dataset
         assert "`fd_kernel_length` = 64" in card.text and "2 test CPU cores" in card.text
