@@ -325,6 +325,7 @@ class CardOptions:
     dataset: DatasetRef = field(default_factory=DatasetRef)
     base_model: str | None = None
     hardware: str | None = None
+    training_data: str | None = None  # when it differs from the evaluation data (dataset), e.g. another split
     example_text: str | None = None
     description: str | None = None
     extra_plots: list[Path] = field(default_factory=list)  # PNGs kept outside the run folder (e.g. a benchmark's)
@@ -464,7 +465,8 @@ def _training_table(info: RunInfo, options: CardOptions) -> str:
     else:
         steps, tokens = results.get("train_steps"), results.get("train_tokens")
         peak_lr = max((e["learning_rate"] for e in info.metrics_log if "learning_rate" in e), default=None)
-        rows += [("optimizer steps", steps), ("tokens seen", tokens), ("epochs", results.get("epoch")),
+        rows += [("training data", options.training_data), ("optimizer steps", steps), ("tokens seen", tokens),
+                 ("epochs", results.get("epoch")),
                  ("block size (tokens)", results.get("block_size")), ("peak learning rate (logged)", peak_lr),
                  ("training loss (mean over the run)", results.get("train_loss")),
                  ("throughput (tokens/s)", results.get("train_tokens_per_second")),
@@ -547,7 +549,7 @@ def build_card(info: RunInfo, repo_id: str, options: CardOptions, code_files: Se
     if task is not None:
         trained_on = f"finetuned on GLUE {task.folder} (`nyu-mll/glue`, config `{task.name}`)"
     else:
-        data_name = dataset.name or dataset.hub_id
+        data_name = options.training_data or dataset.name or dataset.hub_id
         trained_on = f"trained on {data_name}" if data_name else "trained"
     if options.base_model:
         trained_on += f", starting from [`{options.base_model}`](https://huggingface.co/{options.base_model})"

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "local data that is not on the Hub")
     card.add_argument("--dataset_config", help="dataset config name, e.g. wikitext-2-raw-v1")
     card.add_argument("--dataset_split", default="validation", help="the evaluation split (default: %(default)s)")
+    card.add_argument("--training_data", help="what the model trained on, when it differs from the evaluation data "
+                                              "(e.g. 'WikiText-2 valid.txt')")
     card.add_argument("--base_model", help="Hub id of the model this one was finetuned from")
     card.add_argument("--hardware", help="what the run trained on, when its files do not say (e.g. '2 CPU cores')")
     card.add_argument("--example_text", help="the text of the usage snippet (fill-mask: put {mask} where the mask "
@@ -81,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         license=args.license, language=args.language or None,
         dataset=hp.DatasetRef(hub_id=args.dataset, name=args.dataset_name, config=args.dataset_config,
                               split=args.dataset_split),
-        base_model=args.base_model, hardware=args.hardware, example_text=args.example_text,
-        description=args.description, extra_plots=[Path(p) for p in args.plot])
+        base_model=args.base_model, hardware=args.hardware, training_data=args.training_data,
+        example_text=args.example_text, description=args.description, extra_plots=[Path(p) for p in args.plot])
     temporary = args.output_dir is None
     out_dir = Path(args.output_dir) if args.output_dir else Path(tempfile.mkdtemp(prefix="tnn-hub-"))
     try:

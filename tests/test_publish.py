@@ -121,7 +121,7 @@ def runs(tmp_path_factory, tokenizer):
 
 DATASET_FLAGS = {"clm": ["--dataset", "Salesforce/wikitext", "--dataset_config", "wikitext-2-raw-v1",
                          "--example_text", "def main"],
-                 "mlm": ["--dataset_name", "Tiny test text"],
+                 "mlm": ["--dataset_name", "Tiny test text", "--training_data", "the tiny training text"],
                  "rte": []}
 
 
@@ -237,6 +237,8 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     if name == "mlm":
         assert data.datasets is None  # local data: named in the model-index, not claimed as a Hub dataset
         assert "`fd_kernel_length` = 64" in card.text and "2 test CPU cores" in card.text
+        assert "language model trained on the tiny training text" in card.text
+        assert "| training data | the tiny training text |" in card.text
     # every plot in the folder is shown in the card, and the card shows no plot that is missing
     plots = {f for f in hp.list_folder(folder) if f.startswith("plots/")}
     assert set(re.findall(r"\]\((plots/[^)]+)\)", card.text)) == plots
