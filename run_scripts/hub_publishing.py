@@ -466,7 +466,7 @@ def _training_table(info: RunInfo, options: CardOptions) -> str:
         steps, tokens = results.get("train_steps"), results.get("train_tokens")
         peak_lr = max((e["learning_rate"] for e in info.metrics_log if "learning_rate" in e), default=None)
         rows += [("training data", options.training_data), ("optimizer steps", steps), ("tokens seen", tokens),
-                 ("epochs", results.get("epoch")),
+                 ("last epoch (0-based index)", results.get("epoch")),
                  ("block size (tokens)", results.get("block_size")), ("peak learning rate (logged)", peak_lr),
                  ("training loss (mean over the run)", results.get("train_loss")),
                  ("throughput (tokens/s)", results.get("train_tokens_per_second")),
@@ -489,8 +489,9 @@ def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
                 items.append(
                     f"`model.generate` decodes with the ETSC recurrent cache (constant time and memory per token). It "
                     f"equals the full forward pass only for the first `etsc_length` = {_fmt(horizon)} positions; "
-                    f"beyond that the converted kernel repeats with period {_fmt(horizon + 1)} (damped by the decay), "
-                    "so long generations drift from what the full model computes. Load with "
+                    f"beyond that the converted kernel repeats with period {_fmt(horizon + 1)}"
+                    + (" (damped by the decay)" if mixer == "dense" else "")
+                    + ", so long generations drift from what the full model computes. Load with "
                     "`generation_cache=\"exact\"` (a `from_pretrained` keyword) or a larger `etsc_length` when "
                     "exactness at every length matters.")
             elif mixer == "fd":
@@ -504,8 +505,8 @@ def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
                          "model again over the whole prefix, so generation cost grows with length.")
     if mixer == "fd":
         items.append(f"FD token mixing has a fixed receptive field of `fd_kernel_length` = "
-                     f"{_fmt(config.get('fd_kernel_length'))} tokens: tokens further apart do not interact within a "
-                     "layer. Raise it (and retrain) for longer contexts.")
+                     f"{_fmt(config.get('fd_kernel_length'))} tokens per layer: tokens further apart do not interact "
+                     "within one layer (stacked layers reach further). Raise it (and retrain) for longer contexts.")
     if mixer == "ski":
         items.append("SKI is bidirectional only; its low-rank part approximates the Toeplitz kernel with "
                      f"{_fmt(config.get('ski_rank'))} inducing points per sequence.")
@@ -513,7 +514,8 @@ def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
     if block and info.architecture != "TnnForSequenceClassification":
         lengths = sorted(int(n) for n in (info.results.get("eval_lengths") or {}))
         extra = (f" The perplexity at {', '.join(f'{n:,}' for n in lengths)} tokens is in the results above."
-                 if lengths else " Longer inputs run (no position table) but were not evaluated.")
+                 if lengths else " Longer inputs run (there is no position table), but the run's results file holds "
+                 "no evaluation at other lengths.")
         items.append(f"Trained on sequences of {block:,} tokens.{extra}")
     params, tokens = info.results.get("num_parameters"), info.results.get("train_tokens")
     size = f"{params:,} parameters" if isinstance(params, int) else "This model"
