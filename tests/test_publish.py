@@ -452,3 +452,24 @@ def test_code_from_the_installed_package(runs, tmp_path):
     assert "__init__.py" not in {p.name for p in shipped}
     for path in shipped:
         assert path.read_bytes() == (package / path.name).read_bytes()
+
+
+COMMITTED_CARDS = sorted((PROJECT_ROOT / "model_cards").glob("*/README.md"))
+
+
+@pytest.mark.skipif(not COMMITTED_CARDS, reason="no model cards committed under model_cards/")
+@pytest.mark.parametrize("card_file", COMMITTED_CARDS, ids=lambda p: p.parent.name)
+def test_committed_model_cards_are_well_formed(card_file):
+    card = ModelCard.load(card_file)
+    data = card.data
+    assert data.library_name == "transformers" and data.license
+    assert data.pipeline_tag in {"text-generation", "fill-mask", "text-classification"}
+    assert {"tnn", "toeplitz", "custom_code"} <= set(data.tags)
+    assert data.eval_results and all(math.isfinite(r.metric_value) for r in data.eval_results)
+    assert data.model_name == card_file.parent.name
+    assert "trust_remote_code=True" in card.text and "## Limitations" in card.text
+    # the card shows exactly the plots kept beside it
+    shown = set(re.findall(r"\]\((plots/[^)]+)\)", card.text))
+    kept = {p.relative_to(card_file.parent).as_posix() for p in (card_file.parent / "plots").glob("*")}
+    assert shown == kept
+    assert set(hp.list_folder(card_file.parent)) == {"README.md", *kept}  # never weights or code
