@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -14,17 +15,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def fft_length(n: int) -> int:
-    """Smallest 2^a 3^b 5^c >= 2n: a linear (not circular) convolution of n samples with a kernel of lags
-    -(n-1)..n-1 needs at least 2n - 1 points, and smooth sizes keep the FFT fast for any n."""
-    target = 2 * n
-    best = 1 << (target - 1).bit_length()
+def smooth_size(minimum: int) -> int:
+    """Smallest 2^a 3^b 5^c >= ``minimum``: FFT sizes that stay fast whatever the length they must cover."""
+    best = 1 << max(minimum - 1, 0).bit_length()
     p3 = 1
     while p3 < best:
         p35 = p3
         while p35 < best:
             size = p35
-            while size < target:
+            while size < minimum:
                 size *= 2
             best = min(best, size)
             p35 *= 5
@@ -32,11 +31,176 @@ def fft_length(n: int) -> int:
     return best
 
 
-def fft_convolve(x: torch.Tensor, kernel_spectrum: torch.Tensor, fft_len: int) -> torch.Tensor:
-    """Per-channel convolution of ``x`` (b, n, c) with a kernel given by its rfft (fft_len // 2 + 1, c)."""
+def fft_length(n: int) -> int:
+    """Smallest 2^a 3^b 5^c >= 2n: a linear (not circular) convolution of n samples with a kernel of lags
+    -(n-1)..n-1 needs at least 2n - 1 points, and smooth sizes keep the FFT fast for any n."""
+    return smooth_size(2 * n)
+
+
+# Elements of one channel chunk's window buffer on CPU. The convolution runs chunk by chunk over the channels
+# so that its FFT buffers are reused from the allocator (a fresh buffer of the full activation size costs page
+# faults) and stay in cache between the transpose, the FFT, the product and the inverse FFT.
+CHUNK_ELEMENTS = 1 << 19
+CHUNK_ALIGN = 16  # whole 64-byte lines of float32 channels per row when chunks are cut out of (b, n, c)
+
+
+def _onesided_weights(fft_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """How often each rfft bin counts in the full spectrum, over fft_len: 1 at DC (and Nyquist), else 2."""
+    weights = torch.full((fft_len // 2 + 1,), 2.0 / fft_len, dtype=dtype, device=device)
+    weights[0] = 1.0 / fft_len
+    if fft_len % 2 == 0:
+        weights[-1] = 1.0 / fft_len
+    return weights
+
+
+class _KernelRfft(torch.autograd.Function):
+    """``rfft`` along the last dim of a real kernel layout, whose backward is one real irfft (autograd's own
+    backward of rfft pads the gradient to a full complex spectrum and runs a c2c FFT)."""
+
+    @staticmethod
+    def forward(ctx, layout: torch.Tensor) -> torch.Tensor:
+        ctx.fft_len = layout.shape[-1]
+        return torch.fft.rfft(layout, dim=-1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # dL/dk_m = Re sum_j grad_j e^{2 pi i j m / N} over the one-sided bins: an irfft, once the bins that irfft
+        # counts twice (and scales by 1/N) are divided by their weight.
+        fft_len = ctx.fft_len
+        weights = _onesided_weights(fft_len, grad.real.dtype, grad.device)
+        return torch.fft.irfft(grad / weights, n=fft_len, dim=-1)
+
+
+def kernel_rfft(layout: torch.Tensor) -> torch.Tensor:
+    """rfft along the last dim of a real kernel layout (..., fft_len), with a cheap real backward."""
+    return _KernelRfft.apply(layout)
+
+
+def _chunk_channels(x: torch.Tensor, per_channel: int) -> int:
+    """Channels per chunk: the whole tensor off CPU, else what fits the chunk budget (whole cache lines)."""
+    channels = x.shape[-1]
+    if x.device.type != "cpu":
+        return channels
+    fit = CHUNK_ELEMENTS // max(per_channel, 1) // CHUNK_ALIGN * CHUNK_ALIGN
+    return min(channels, max(CHUNK_ALIGN, fit))
+
+
+def _fill_windows(out: torch.Tensor, x: torch.Tensor, channels: slice, step: int, offset: int) -> torch.Tensor:
+    """``out`` (b, k, blocks, M) <- the windows of ``x[:, :, channels]`` (b, n, c): window j holds
+    ``x[j * step - offset + u]`` at slot u, zero outside the sequence."""
+    b, n, c = x.shape
+    k, blocks, size = out.shape[1:]
+    # Windows that lie inside the sequence are one strided view of x; the first and last few touch the edges.
+    first = -(-offset // step)
+    last = min(blocks, (n + offset - size) // step + 1)
+    if last > first:
+        start = first * step - offset
+        inner = x.as_strided((b, k, last - first, size), (n * c, 1, step * c, c),
+                             x.storage_offset() + start * c + channels.start)
+        out[:, :, first:last].copy_(inner)
+    for j in [*range(0, min(first, blocks)), *range(max(last, first, 0), blocks)]:
+        start = j * step - offset
+        lo, hi = max(start, 0), min(start + size, n)
+        window = out[:, :, j]
+        if hi <= lo:
+            window.zero_()
+            continue
+        window[..., : lo - start].zero_()
+        window[..., hi - start:].zero_()
+        window[..., lo - start: hi - start].copy_(x[:, lo:hi, channels].transpose(1, 2))
+    return out
+
+
+class _BlockConvolution(torch.autograd.Function):
+    """Overlap-save convolution along dim 1 of (b, n, c), channel chunk by channel chunk, with a hand-written
+    backward: one rfft of the zero-padded output gradient serves both the input gradient (one irfft, then
+    overlap-add) and the kernel gradient (its product with the saved input spectra)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_len: int, step: int, offset: int) -> torch.Tensor:
+        b, n, c = x.shape
+        blocks = -(-n // step)
+        chunk = _chunk_channels(x, b * blocks * fft_len)
+        windows = x.new_empty(b, chunk, blocks, fft_len)
+        y = x.new_empty(b, n, c)
+        spectra = []
+        for start in range(0, c, chunk):
+            channels = slice(start, min(c, start + chunk))
+            k = channels.stop - start
+            x_f = torch.fft.rfft(_fill_windows(windows[:, :k], x, channels, step, offset), dim=-1)
+            kernel = spectrum[channels, None]
+            if ctx.needs_input_grad[1]:
+                spectra.append(x_f)
+                y_f = x_f * kernel
+            else:
+                y_f = x_f.mul_(kernel)
+            out = torch.fft.irfft(y_f, n=fft_len, dim=-1)[..., offset: offset + step]
+            y[:, :, channels].copy_(out.reshape(b, k, blocks * step)[..., :n].transpose(1, 2))
+        ctx.save_for_backward(spectrum, *spectra)
+        ctx.geometry = (n, fft_len, step, offset, chunk)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        spectrum, *spectra = ctx.saved_tensors
+        n, fft_len, step, offset, chunk = ctx.geometry
+        b, _, c = grad.shape
+        blocks = -(-n // step)
+        need_x, need_kernel = ctx.needs_input_grad[:2]
+        grad_x = grad.new_empty(b, n, c) if need_x else None
+        grad_spectrum = torch.empty_like(spectrum) if need_kernel else None
+        weights = _onesided_weights(fft_len, grad.dtype, grad.device) if need_kernel else None
+        # Each window's output gradient sits at slots offset .. offset + step - 1, zero elsewhere.
+        padded = grad.new_zeros(b, chunk, blocks, fft_len)
+        whole, rest = divmod(n, step)
+        spans = -(-fft_len // step)  # how many blocks of x one window overlaps
+        if need_x and blocks > 1:
+            summed = grad.new_empty(b, chunk, blocks + spans, step)
+        for index, start in enumerate(range(0, c, chunk)):
+            channels = slice(start, min(c, start + chunk))
+            k = channels.stop - start
+            g = grad[:, :, channels].transpose(1, 2)                                   # (b, k, n)
+            slots = padded[:, :k, :, offset: offset + step]
+            if whole:
+                slots[:, :, :whole].copy_(g[..., : whole * step].reshape(b, k, whole, step))
+            if rest:
+                slots[:, :, whole, :rest].copy_(g[..., whole * step:])
+            g_f = torch.fft.rfft(padded[:, :k], dim=-1)
+            kernel = spectrum[channels, None]
+            if need_kernel:
+                # dL/dK (PyTorch's convention for complex inputs): conj(X) G, weighted as irfft counts the bins.
+                product = spectra[index].conj() * g_f
+                grad_spectrum[channels] = (product[0, :, 0] if b * blocks == 1 else product.sum((0, 2))) * weights
+            if need_x:
+                # The adjoint of a convolution is the correlation with the same kernel: multiply by conj(K).
+                window_grad = torch.fft.irfft(g_f.mul_(kernel.conj()), n=fft_len, dim=-1)  # (b, k, blocks, M)
+                if blocks == 1:
+                    source = window_grad[:, :, 0, offset: offset + n]
+                else:  # overlap-add the window gradients back onto the sequence
+                    acc = summed[:, :k]
+                    acc.zero_()
+                    for span in range(spans):
+                        width = min(step, fft_len - span * step)
+                        acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
+                    source = acc.view(b, k, -1)[..., offset: offset + n]
+                grad_x[:, :, channels].copy_(source.transpose(1, 2))
+        return grad_x, grad_spectrum, None, None, None
+
+
+def fft_convolve(x: torch.Tensor, kernel_spectrum: torch.Tensor, fft_len: int, step: int | None = None,
+                 offset: int = 0) -> torch.Tensor:
+    """Per-channel convolution of ``x`` (b, n, c) with a real kernel given by its rfft (fft_len // 2 + 1, c).
+
+    The kernel's lag m sits at circular slot m mod fft_len. With ``step=None`` the whole sequence is one FFT block
+    (exact when the kernel's lags m satisfy n + |m| <= fft_len). Otherwise overlap-save: block j computes outputs
+    ``j*step .. j*step + step - 1`` from the window of x starting at ``j*step - offset``; exact for kernels with
+    lags in ``[offset + step - fft_len, offset]``.
+    """
     n = x.shape[1]
-    x_f = torch.fft.rfft(x, n=fft_len, dim=1)
-    return torch.fft.irfft(x_f * kernel_spectrum, n=fft_len, dim=1)[:, :n]
+    step = n if step is None else step
+    return _BlockConvolution.apply(x.contiguous(), kernel_spectrum.t().contiguous(), fft_len, step, offset)
 
 
 class TokenMixer(nn.Module):

@@ -4,9 +4,10 @@ applied by FFT in O(n log n)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, fft_length
+from .mixer_base import TokenMixer, fft_convolve, fft_length, kernel_rfft
 from .rpe import Rpe
 
 
@@ -31,15 +32,15 @@ class DenseTno(TokenMixer):
         return values * decay[:, None]
 
     def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """rfft of the circulant embedding of the kernel: lag k at slot k, lag -k at slot fft_len - k."""
-        coeffs = self.coefficients(n, device).to(dtype)
-        layout = coeffs.new_zeros(fft_len, self.channels)
+        """rfft of the circulant embedding of the kernel, (fft_len // 2 + 1, channels): lag k at slot k, lag -k at
+        slot fft_len - k. Built channel-major (a transposed view is returned), the layout fft_convolve works in."""
+        coeffs = self.coefficients(n, device).to(dtype).t()                                  # (channels, lags)
         if self.causal:
-            layout[:n] = coeffs
+            layout = F.pad(coeffs, (0, fft_len - n))
         else:
-            layout[:n] = coeffs[n - 1:]
-            layout[fft_len - (n - 1):] = coeffs[: n - 1]
-        return torch.fft.rfft(layout, dim=0)
+            gap = coeffs.new_zeros(self.channels, fft_len - (2 * n - 1))
+            layout = torch.cat([coeffs[:, n - 1:], gap, coeffs[:, : n - 1]], dim=1)
+        return kernel_rfft(layout).t()
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         n = x.shape[1]

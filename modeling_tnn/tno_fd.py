@@ -10,10 +10,15 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, fft_length
+from .mixer_base import TokenMixer, fft_convolve, kernel_rfft, smooth_size
 from .rpe import Rpe
+
+# Overlap-save FFT size as a multiple of the lags a block must cover: each block then yields (multiple - 1) x that
+# many outputs. Small FFTs run faster per point than one FFT of the whole sequence (cache), and cost O(log block).
+BLOCK_MULTIPLE = 4
 
 
 def hilbert_causal_kernel(real_response: torch.Tensor, grid: int) -> torch.Tensor:
@@ -62,27 +67,40 @@ class FdTno(TokenMixer):
         nyquist = circular[half: half + 1] / 2
         return torch.cat([nyquist, circular[half + 1:], circular[:half], nyquist])
 
+    def plan(self, n: int) -> tuple[int, int | None, int, int]:
+        """How an input of n tokens is convolved: ``(fft_len, step, offset, taps)`` for :func:`fft_convolve`.
+
+        Only lags ``|m| <= taps = min(grid/2, n-1)`` reach ``y[:n]``. A short input is one FFT block of at least
+        ``n + taps`` points; a long one is cut into overlap-save blocks of a fixed size (the kernel's support is
+        fixed), which costs O(n log block) and no FFT that grows with n.
+        """
+        taps = min(self.grid // 2, n - 1)
+        span = taps if self.causal else 2 * taps  # lags other than 0 that a block must cover
+        single = smooth_size(n + taps)
+        block = smooth_size(BLOCK_MULTIPLE * span)
+        if span and block < single:
+            return block, block - span, taps, taps
+        return single, None, 0, taps
+
     def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        if fft_len == self.grid and not self.causal:
-            return self.response(device).to(dtype.to_complex())  # the RPE output is the spectrum: no kernel FFT
-        kernel = self.kernel(device).to(dtype)
-        layout = kernel.new_zeros(fft_len, self.channels)
+        """rfft (fft_len // 2 + 1, c) of the kernel's lags that reach ``y[:n]``, lag m at circular slot m mod fft_len."""
         half = self.grid // 2
         taps = min(half, n - 1)  # lags >= n never reach y[:n]
+        if fft_len == self.grid and n <= half and not self.causal:
+            return self.response(device).to(dtype.to_complex())  # the RPE output is the spectrum: no kernel FFT
+        kernel = self.kernel(device).to(dtype).t()                                         # (channels, lags)
         if self.causal:
-            layout[: taps + 1] = kernel[: taps + 1]
+            layout = F.pad(kernel[:, : taps + 1], (0, fft_len - taps - 1))
         else:
-            layout[: taps + 1] = kernel[half: half + taps + 1]
-            if taps:
-                layout[fft_len - taps:] = kernel[half - taps: half]
-        return torch.fft.rfft(layout, dim=0)
+            gap = kernel.new_zeros(self.channels, fft_len - 2 * taps - 1)
+            layout = torch.cat([kernel[:, half: half + taps + 1], gap, kernel[:, half - taps: half]], dim=1)
+        return kernel_rfft(layout).t()
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        n = x.shape[1]
-        fft_len = fft_length(n)  # >= 2n: every kernel tap that reaches y[:n] lands without circular wrap
-        spectrum = self.cached(("spectrum", n, x.device, x.dtype),
-                               lambda: self.spectrum(n, fft_len, x.device, x.dtype))
-        return fft_convolve(x, spectrum, fft_len)
+        fft_len, step, offset, taps = self.plan(x.shape[1])
+        spectrum = self.cached(("spectrum", fft_len, taps, x.device, x.dtype),
+                               lambda: self.spectrum(taps + 1, fft_len, x.device, x.dtype))
+        return fft_convolve(x, spectrum, fft_len, step, offset)
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         kernel = self.kernel(device)[:n]

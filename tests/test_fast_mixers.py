@@ -45,10 +45,12 @@ def test_fd_bidirectional_spectrum_is_the_rpe_output_with_real_edges():
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("n", [1, 5, 16, 17, 37, 70])
-def test_fd_is_a_toeplitz_product_with_its_fixed_kernel(causal, n):
-    """Every input length uses the same kernel: lags up to the grid's half, zero beyond."""
-    mixer = _fd(causal)
+@pytest.mark.parametrize(("n", "kernel_length"), [(1, 16), (5, 16), (16, 16), (17, 16), (37, 16), (70, 16),
+                                                  (100, 16), (250, 16), (100, 12), (61, 6)])
+def test_fd_is_a_toeplitz_product_with_its_fixed_kernel(causal, n, kernel_length):
+    """Every input length uses the same kernel: lags up to the grid's half, zero beyond. Inputs several times the
+    grid go through overlap-save blocks, which must stay exact."""
+    mixer = _fd(causal, kernel_length)
     half = mixer.grid // 2
     kernel = mixer.kernel(torch.device("cpu"))
     lags = torch.arange(0, n) if causal else torch.arange(-(n - 1), n)
