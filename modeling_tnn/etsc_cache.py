@@ -44,6 +44,10 @@ class TnnCacheLayer(LinearAttentionCacheLayerMixin):
     """One layer's decoding state: the complex SSM state (b, L, c) in ``"etsc"`` mode, the window of past mixer
     inputs (b, W, c) in ``"exact"`` mode."""
 
+    # The dense exact mode grows its window; no static shapes, and transformers 5.23 would build compile-friendly
+    # attention masks for a compileable cache.
+    is_compileable = False
+
     def lazy_initialization(self, conv_states=None, recurrent_states=None, state_idx: int = 0) -> None:
         self.device, self.dtype = recurrent_states.device, recurrent_states.dtype
         self.batch_size = recurrent_states.shape[0]

@@ -320,8 +320,9 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
             input_ids, next_sequence_length=next_sequence_length, attention_mask=None,
             **{_GENERATION_CACHE_KWARG: cache}, **kwargs
         )
+        # Keep the 2-D padding mask (or none): transformers may build 4-D/dict attention masks in its place.
+        model_inputs.pop("attention_mask", None)
         if attention_mask is not None:
-            # Keep the 2-D padding mask: transformers would turn it into a 4-D attention mask.
             model_inputs["attention_mask"] = attention_mask
         return model_inputs
 
