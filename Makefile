@@ -17,7 +17,10 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install  ## the main job: train a small causal TNN on the embedded corpus, report perplexity, generate
-	$(PY) run_scripts/demo.py
+	$(PY) run_scripts/train_clm.py --config_name small --output_dir outputs/demo --vocab_size 2048 \
+		--block_size 128 --per_device_train_batch_size 16 --learning_rate 2e-3 --weight_decay 0.01 \
+		--num_warmup_steps 20 --max_train_steps 200 --eval_steps 100 \
+		--sample_prompt "The assert statement" --sample_prompt "A function definition"
 
 test: install  ## the test suite
 	$(PY) -m pytest -q

@@ -3,9 +3,9 @@
 accelerate (1.15 and earlier) starts a single process for ``launch --cpu --num_processes N`` unless an MPI hostfile is
 configured (huggingface/accelerate#2741): N is silently dropped, and the only trace left in the environment is the
 ``MASTER_PORT`` it sets for N > 1. The training scripts call :func:`relaunch_dropped_cpu_processes` first thing; it
-reads N back from the launcher's command line (or accelerate's config file) and starts the N processes with
-``torch.distributed.run``, which Accelerate then runs as DDP over gloo. This module imports nothing heavy, so the
-check costs nothing when it does not apply.
+reads N back from the launcher's command line (or accelerate's config file) and starts the N processes itself, with
+the environment ``torch.distributed.run`` would give them; Accelerate then runs them as DDP over gloo. This module
+imports nothing heavy, so the check costs nothing when it does not apply.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 _DISTRIBUTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
@@ -62,16 +63,36 @@ def dropped_process_count(env: dict[str, str] | None = None, parent_argv: list[s
 
 
 def relaunch_dropped_cpu_processes() -> None:
-    """If ``accelerate launch --cpu`` dropped ``--num_processes``, run this script in that many processes with
-    ``torch.distributed.run`` and exit with their status; otherwise return at once."""
+    """If ``accelerate launch --cpu`` dropped ``--num_processes``, run this script in that many processes and exit
+    with their status; otherwise return at once.
+
+    The processes get the environment ``torch.distributed.run`` would give them (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ...), without the cost of a launcher process that imports torch; if one fails the others are
+    stopped."""
     count = dropped_process_count()
     if count is None:
         return
-    env = dict(os.environ, **{_GUARD: "1"})
-    env.setdefault("OMP_NUM_THREADS", "1")
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={count}", "--nnodes=1",
-               f"--master_addr={env.get('MASTER_ADDR', '127.0.0.1')}", f"--master_port={env['MASTER_PORT']}",
-               sys.argv[0], *sys.argv[1:]]
-    print(f"accelerate launch --cpu started one process: starting {count} with torch.distributed.run (DDP, gloo).",
-          file=sys.stderr)
-    raise SystemExit(subprocess.call(command, env=env))
+    print(f"accelerate launch --cpu started one process: starting {count} (DDP over gloo).", file=sys.stderr)
+    base = dict(os.environ, **{_GUARD: "1"}, WORLD_SIZE=str(count), LOCAL_WORLD_SIZE=str(count), GROUP_RANK="0",
+                MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    base.setdefault("OMP_NUM_THREADS", "1")
+    workers = [subprocess.Popen([sys.executable, sys.argv[0], *sys.argv[1:]],
+                                env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)))
+               for rank in range(count)]
+    status = 0
+    try:
+        while workers:
+            for worker in list(workers):
+                code = worker.poll()
+                if code is None:
+                    continue
+                workers.remove(worker)
+                if code != 0:
+                    status = status or code
+                    for other in workers:  # a failed rank would leave the others waiting in a collective
+                        other.terminate()
+            time.sleep(0.2)
+    finally:
+        for worker in workers:
+            worker.kill()
+    raise SystemExit(status)

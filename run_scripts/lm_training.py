@@ -224,10 +224,6 @@ def check_args(args: argparse.Namespace) -> None:
         if args.config_name or args.config_overrides:
             raise UsageError("--config_name/--config_overrides build a new model; they cannot be combined with "
                              "--model_name_or_path (which continues from a saved one).")
-        if not Path(args.model_name_or_path).is_dir():
-            raise UsageError(f"--model_name_or_path {args.model_name_or_path!r} is not a folder.")
-    if args.tokenizer_name and not Path(args.tokenizer_name).exists():
-        raise UsageError(f"--tokenizer_name {args.tokenizer_name!r} does not exist.")
     if args.vocab_size < 261:
         raise UsageError(f"--vocab_size must be at least 261 (256 bytes + 5 special tokens), got {args.vocab_size}.")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
@@ -399,7 +395,11 @@ def get_tokenizer(args: argparse.Namespace, raw: DatasetDict, accelerator: Accel
     on the training split (the main process trains it and saves it in --output_dir, the others load it)."""
     source = args.tokenizer_name or args.resume_path or args.model_name_or_path
     if source:
-        return AutoTokenizer.from_pretrained(str(source), trust_remote_code=args.trust_remote_code)
+        try:
+            return AutoTokenizer.from_pretrained(str(source), trust_remote_code=args.trust_remote_code)
+        except OSError as error:
+            flag = "--tokenizer_name" if args.tokenizer_name else "--resume_from_checkpoint/--model_name_or_path"
+            raise UsageError(f"{flag} {str(source)!r}: no tokenizer could be loaded ({error}).") from None
     output_dir = Path(args.output_dir)
     with accelerator.main_process_first():
         if accelerator.is_main_process:
@@ -453,8 +453,11 @@ def tokenize_and_group(args: argparse.Namespace, raw: DatasetDict, tokenizer: Pr
 def resolve_config(args: argparse.Namespace):
     """The model config from --model_name_or_path, or --config_name (preset name, JSON file, folder) with
     --config_overrides. Raises :class:`UsageError` for a missing file, an unknown preset or an unknown field."""
-    if args.model_name_or_path:
-        return AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if args.model_name_or_path:  # a saved folder, or a Hub id for users online
+        try:
+            return AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        except OSError as error:
+            raise UsageError(f"--model_name_or_path {args.model_name_or_path!r}: {error}") from None
     name = args.config_name or DEFAULT_CONFIG
     overrides = parse_config_overrides(args.config_overrides)
     path = Path(name)
@@ -734,7 +737,7 @@ def available_trackers(report_to: str) -> list[str]:
         if _tracker_installed(name):
             found.append(name)
         elif report_to != "all":
-            logger.warning("--report_to %s: the package is not installed, logging to %s only.", name, METRICS_FILE)
+            logger.info("--report_to %s: the package is not installed, logging to %s only.", name, METRICS_FILE)
     return found
 
 
@@ -828,6 +831,8 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     output_dir = Path(args.output_dir)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
+        if not args.resume_path:  # a new run starts a new log; a resumed one appends
+            (output_dir / METRICS_FILE).unlink(missing_ok=True)
     accelerator.wait_for_everyone()
 
     with accelerator.main_process_first():
@@ -920,6 +925,10 @@ def train(session: Session) -> RunOutcome:
     skip_batches = (start_step % session.steps_per_epoch) * args.gradient_accumulation_steps
     progress = tqdm(total=session.max_train_steps, initial=start_step, desc=f"train_{args.task}",
                     disable=not accelerator.is_local_main_process, dynamic_ncols=True)
+
+    def say(line: str) -> None:  # one copy of each message, above the progress bar
+        if accelerator.is_local_main_process:
+            progress.write(line)
     eval_metrics: dict[str, float] | None = None
     window_loss, window_batches, run_loss, run_batches = 0.0, 0, 0.0, 0
     start_time, start_tokens = time.time(), session.tokens_seen
@@ -961,7 +970,7 @@ def train(session: Session) -> RunOutcome:
             if args.eval_steps and step % args.eval_steps == 0:
                 eval_metrics = evaluate(model, session.eval_dataloader, accelerator, session.build_inputs, args.seed)
                 session.metrics.log({"epoch": epoch, **eval_metrics}, step)
-                progress.write(f"step {step}: eval_loss {eval_metrics['eval_loss']:.4f}, "
+                say(f"step {step}: eval_loss {eval_metrics['eval_loss']:.4f}, "
                                f"perplexity {eval_metrics['perplexity']:.2f}")
                 last_eval_step = step
             if checkpoint_every and step % checkpoint_every == 0:
@@ -976,7 +985,7 @@ def train(session: Session) -> RunOutcome:
         if args.eval_steps is None and session.completed_steps != last_eval_step:
             eval_metrics = evaluate(model, session.eval_dataloader, accelerator, session.build_inputs, args.seed)
             session.metrics.log({"epoch": epoch, **eval_metrics}, session.completed_steps)
-            progress.write(f"epoch {epoch}: eval_loss {eval_metrics['eval_loss']:.4f}, "
+            say(f"epoch {epoch}: eval_loss {eval_metrics['eval_loss']:.4f}, "
                            f"perplexity {eval_metrics['perplexity']:.2f}")
             last_eval_step = session.completed_steps
         if args.checkpointing_steps == "epoch":

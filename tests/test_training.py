@@ -148,7 +148,8 @@ def test_train_clm_on_local_text_file(tmp_path, text_files):
     outcome = run("clm", TINY + ["--train_file", str(train), "--validation_file", str(valid), "--output_dir", str(out),
                                  "--max_train_steps", "12", "--learning_rate", "1e-2",
                                  "--per_device_train_batch_size", "8", "--logging_steps", "4",
-                                 "--eval_lengths", "16,32,64", "--sample_prompt", "The", "--sample_max_new_tokens", "5"])
+                                 "--eval_lengths", "16,32,64", "--sample_prompt", "The",
+                                 "--sample_max_new_tokens", "5"])
     results = json.loads((out / "all_results.json").read_text())
     assert results["train_steps"] == 12
     assert math.isclose(results["perplexity"], math.exp(results["eval_loss"]), rel_tol=1e-9)
@@ -165,6 +166,32 @@ def test_train_clm_on_local_text_file(tmp_path, text_files):
     ids = tokenizer("def f(x): return x", return_tensors="pt").input_ids
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, outcome.model.eval()(ids).logits)
+
+    # --model_name_or_path continues from the saved folder (its tokenizer too)
+    more = run("clm", ["--model_name_or_path", str(out), "--train_file", str(train), "--validation_file", str(valid),
+                       "--block_size", "16", "--report_to", "none", "--max_train_steps", "2",
+                       "--output_dir", str(tmp_path / "more")])
+    assert len(more.tokenizer) == vocab and more.results["train_steps"] == 2
+
+
+def test_other_architectures_through_config_json(tmp_path, text_files):
+    """A JSON config of another model type (the quality benchmark's GPT-2) trains through the same path; its length
+    evaluation falls back to a sliding window of its position table."""
+    train, valid = text_files
+    config = tmp_path / "gpt2.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_positions": 16, "n_embd": 16, "n_layer": 1, "n_head": 2}))
+    outcome = run("clm", TINY[2:] + ["--config_name", str(config), "--config_overrides", "resid_pdrop=0.0",
+                                     "--train_file", str(train), "--validation_file", str(valid),
+                                     "--max_train_steps", "2", "--eval_lengths", "16,64",
+                                     "--output_dir", str(tmp_path / "out")])
+    assert type(outcome.model).__name__ == "GPT2LMHeadModel" and outcome.model.config.resid_pdrop == 0.0
+    lengths = outcome.results["eval_lengths"]
+    assert lengths["16"]["mode"] == "full" and lengths["64"]["mode"].startswith("sliding window 16")
+    scored = lengths["64"]["tokens"] // 63 * 64  # the same text at both lengths: each segment scores all but 1 token
+    assert lengths["64"]["tokens"] % 63 == 0 and lengths["16"]["tokens"] == scored // 16 * 15
+    with pytest.raises(ValueError, match="unknown GPT2Config field"):
+        lt.setup(lt.parse_args("clm", ["--config_name", str(config), "--config_overrides", "n_embdd=3",
+                                       "--output_dir", str(tmp_path / "bad")]), "clm")
 
 
 def test_train_mlm_on_embedded_corpus(tmp_path):
