@@ -137,6 +137,22 @@ class RunInfo:
         return PIPELINE_TAGS[self.architecture]
 
     @property
+    def num_parameters(self) -> int | None:
+        """From the results file when it records it (train_clm.py / train_mlm.py), else counted in the saved
+        weights (tied weights are stored once, so they count once)."""
+        recorded = self.results.get("num_parameters")
+        if isinstance(recorded, int):
+            return recorded
+        from safetensors import safe_open
+
+        total = 0
+        for name in self.weight_files:
+            if name.endswith(".safetensors"):
+                with safe_open(str(self.path / name), "pt") as handle:
+                    total += sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
+        return total or None
+
+    @property
     def glue_task(self) -> glue_data.GlueTask | None:
         """The GLUE task of a ``finetune_glue.py`` run (``config.finetuning_task``), else ``None``."""
         name = self.config.get("finetuning_task")
@@ -430,7 +446,7 @@ def _architecture_table(info: RunInfo) -> str:
     config = info.config
     mixer = config.get("token_mixer", "dense")
     rows = [("architecture", info.architecture), ("token mixer", f"`{mixer}`"),
-            ("causal", config.get("causal")), ("parameters", info.results.get("num_parameters")),
+            ("causal", config.get("causal")), ("parameters", info.num_parameters),
             ("layers", config.get("num_hidden_layers")), ("width (`hidden_size`)", config.get("hidden_size")),
             ("GTU / GLU expansion", f"{config.get('gtu_expand_ratio')} / {config.get('glu_expand_ratio')}"),
             ("RPE width x layers", f"{config.get('rpe_dim')} x {config.get('rpe_layers')}"),
@@ -445,9 +461,12 @@ def _architecture_table(info: RunInfo) -> str:
         rows += [("generation cache", f"`{config.get('generation_cache', 'etsc')}`"),
                  ("`etsc_length`", config.get("etsc_length"))]
     rows += [("tied embeddings", config.get("tie_word_embeddings")), ("dropout", config.get("dropout"))]
-    if config.get("id2label"):
-        labels = sorted(config["id2label"].items(), key=lambda item: int(item[0]))
-        rows.append(("labels", ", ".join(str(label) for _, label in labels)))
+    if info.architecture == "TnnForSequenceClassification":
+        labels = [label for _, label in sorted((config.get("id2label") or {}).items(), key=lambda kv: int(kv[0]))]
+        if config.get("problem_type") == "regression" or len(labels) == 1:
+            rows.append(("output", "one regression score"))
+        else:
+            rows.append(("labels", ", ".join(str(label) for label in labels)))
     rows.append(("saved with transformers", config.get("transformers_version")))
     return "\n".join(["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None])
 
@@ -459,7 +478,7 @@ def _training_table(info: RunInfo, options: CardOptions) -> str:
         rows += [("optimizer steps", state.get("global_step")), ("epochs", train.get("epoch")),
                  ("batch size per device", state.get("train_batch_size")),
                  ("training examples", train.get("train_samples")),
-                 ("final training loss (mean over the run)", train.get("train_loss")),
+                 ("training loss (mean over the run)", train.get("train_loss")),
                  ("evaluation examples", results.get("eval_samples"))]
         runtime = train.get("train_runtime")
     else:
@@ -517,11 +536,18 @@ def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
                  if lengths else " Longer inputs run (there is no position table), but the run's results file holds "
                  "no evaluation at other lengths.")
         items.append(f"Trained on sequences of {block:,} tokens.{extra}")
-    params, tokens = info.results.get("num_parameters"), info.results.get("train_tokens")
-    size = f"{params:,} parameters" if isinstance(params, int) else "This model"
-    trained = f" trained on {tokens:,} tokens" if isinstance(tokens, int) else ""
-    items.append(f"{size}{trained}: a small research model. It reproduces the style of its training data, has "
-                 "no safety tuning, and is not meant for production use.")
+    params = info.num_parameters
+    size = f"{params:,} parameters" if params else "A research model"
+    if info.architecture == "TnnForSequenceClassification":
+        examples = (info.train_results or info.results).get("train_samples")
+        seen = f" finetuned on {examples:,} examples" if isinstance(examples, int) else ""
+        items.append(f"{size}{seen}: a small research model, not meant for production use; check its scores "
+                     "against the task's baselines before relying on it.")
+    else:
+        tokens = info.results.get("train_tokens")
+        seen = f" trained on {tokens:,} tokens" if isinstance(tokens, int) else ""
+        items.append(f"{size}{seen}: a small research model. It reproduces the style of its training data, has "
+                     "no safety tuning, and is not meant for production use.")
     items.append("Loading runs the Python files of this repository (`trust_remote_code=True`): read them first.")
     return "\n".join(f"- {item}" for item in items)
 

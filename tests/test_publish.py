@@ -218,6 +218,9 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
                                                                                       "validation")
         assert data.datasets == ["nyu-mll/glue"]
         assert "Trainer's own card" not in card.text
+        # Trainer records no parameter count: the card counts the saved weights
+        assert f"| parameters | {runs[1]['rte'].num_parameters():,} |" in card.text
+        assert "| labels | entailment, not_entailment |" in card.text
     else:
         results = json.loads((paths[name] / "all_results.json").read_text())
         expected = {("perplexity", None): results["perplexity"], ("loss", None): results["eval_loss"]}
