@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install demo test clean
+.PHONY: install demo test glue clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ demo: install  ## the main job: train a small causal TNN on the embedded corpus,
 
 test: install  ## the test suite
 	$(PY) -m pytest -q
+
+glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), finetune both on every local GLUE task
+	$(PY) run_scripts/glue_recipe.py --results_dir results/glue
 
 clean:
 	rm -rf $(VENV) build *.egg-info
