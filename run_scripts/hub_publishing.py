@@ -754,15 +754,13 @@ def build_hub_folder(info: RunInfo, out_dir: str | Path, repo_id: str, options: 
 def _loss_curves(info: RunInfo) -> tuple[dict[int, float], dict[int, float]]:
     """(training loss, evaluation loss) by optimizer step, from metrics.jsonl or trainer_state.json."""
     train, evaluation = {}, {}
-    for entry in info.metrics_log:
-        if "train_loss" in entry:
-            train[entry["step"]] = entry["train_loss"]
-        if "eval_loss" in entry:
-            evaluation[entry["step"]] = entry["eval_loss"]
-    for entry in info.trainer_state.get("log_history", []):
-        if "loss" in entry and "step" in entry:
-            train[entry["step"]] = entry["loss"]
-        if "eval_loss" in entry and "step" in entry:
+    for entry in [*info.metrics_log, *info.trainer_state.get("log_history", [])]:
+        if "step" not in entry:
+            continue
+        loss = entry.get("train_loss", entry.get("loss"))  # metrics.jsonl / Trainer's log_history
+        if isinstance(loss, (int, float)) and "train_runtime" not in entry:  # not Trainer's end-of-run summary
+            train[entry["step"]] = loss
+        if isinstance(entry.get("eval_loss"), (int, float)):
             evaluation[entry["step"]] = entry["eval_loss"]
     return train, evaluation
 

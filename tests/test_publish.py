@@ -94,7 +94,8 @@ def runs(tmp_path_factory, tokenizer):
     (clm / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "epoch": 0, "train_loss": 6.0 - 0.05 * s, "learning_rate": 1e-3 * s / 20,
                     "tokens_per_second": 400.0, "tokens_seen": 256 * s}) + "\n" for s in (5, 10, 15, 20))
-        + json.dumps({"step": 20, "epoch": 0, "eval_loss": 5.123456789, "perplexity": 167.9}) + "\n")
+        + json.dumps({"step": 20, "epoch": 0, "eval_loss": 5.123456789, "perplexity": 167.9}) + "\n"
+        + json.dumps({"note": "an entry without a step"}) + "\n" + '{"step": 25, "train_lo')  # cut by a crash
     (clm / "eval_lengths.png").write_bytes(PNG)
     (root / "quality_tiny.png").write_bytes(PNG)  # a benchmark's plot kept outside the run folder (--plot)
     _add_training_debris(clm)
