@@ -15,12 +15,73 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from .configuration_tnn import TnnConfig
 from .mixer_base import TokenMixer
 from .rpe import Rpe
 
-BAND_BLOCK = 32  # outputs per block of the banded matmul: larger blocks waste MACs, smaller ones make small GEMMs
+# Rows of the sequence per step of the band's weight gradient: its (kernel_size, rows, channels) accumulator then
+# stays in the L2 cache.
+WEIGHT_GRAD_ROWS = 16
+
+
+def _depthwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Centred depthwise convolution along dim 1 of (b, n, c) with ``weight`` (c, k), k odd.
+
+    (b, n, c) is the channels-last layout of a (b, c, 1, n) image, so conv2d runs on it without any transpose
+    (oneDNN's depthwise kernel on CPU).
+    """
+    image = x.permute(0, 2, 1).unsqueeze(2)
+    y = F.conv2d(image, weight[:, None, None, :], padding=(0, weight.shape[1] // 2), groups=weight.shape[0])
+    return y.squeeze(2).permute(0, 2, 1)
+
+
+def _band_weight_grad(grad: torch.Tensor, x: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """``dL/dw[c, o] = sum_{b,i} grad[b, i, c] * x[b, i + o - k//2, c]``, (c, k).
+
+    conv2d's own weight gradient is slow on CPU for depthwise kernels; this accumulates shifted products over a few
+    rows at a time (one fused multiply-add per step, in cache) and reduces the rows once at the end.
+    """
+    b, n, c = x.shape
+    half = kernel_size // 2
+    padded = F.pad(x, (0, 0, half, half))
+    length = n + 2 * half
+    rows = min(WEIGHT_GRAD_ROWS, n)
+    whole = n // rows * rows
+    acc = x.new_zeros(kernel_size, rows, c)
+    for item in range(b):
+        base = padded.storage_offset() + item * length * c
+        for start in range(0, whole, rows):
+            windows = padded.as_strided((kernel_size, rows, c), (c, c, 1), base + start * c)
+            acc.addcmul_(windows, grad[item, None, start: start + rows])
+    total = acc.sum(1)
+    if whole < n:  # the last rows that do not fill a step
+        tail = n - whole
+        for item in range(b):
+            windows = padded.as_strided((kernel_size, tail, c), (c, c, 1),
+                                              padded.storage_offset() + (item * length + whole) * c)
+            total += (windows * grad[item, None, whole:]).sum(1)
+    return total.t()
+
+
+class _BandConvolution(torch.autograd.Function):
+    """The band convolution with a hand-written backward: the input gradient is the convolution with the flipped
+    kernel (the same fast forward kernel), the weight gradient :func:`_band_weight_grad`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return _depthwise(x, weight)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = _depthwise(grad, weight.flip(1)) if ctx.needs_input_grad[0] else None
+        grad_w = _band_weight_grad(grad, x, weight.shape[1]) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
 
 
 def interpolation_weights(lengths: torch.Tensor, n: int, rank: int, dtype: torch.dtype,
@@ -61,23 +122,8 @@ class SkiTno(TokenMixer):
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels)
 
     def band_conv(self, x: torch.Tensor) -> torch.Tensor:
-        """Centred depthwise convolution along the sequence, (b, n, c) -> (b, n, c).
-
-        Computed as one batched matmul over channels: the sequence is cut into blocks of ``BAND_BLOCK`` outputs,
-        each read from a window of ``BAND_BLOCK + k - 1`` inputs through a per-channel banded matrix. On CPU this
-        beats ``F.conv1d(groups=channels)``, whose backward (the weight gradient above all) is the slow part.
-        """
-        b, n, c = x.shape
-        half = self.kernel_size // 2
-        block = BAND_BLOCK
-        blocks = -(-n // block)
-        padded = F.pad(x, (0, 0, half, blocks * block - n + half))
-        windows = padded.unfold(1, block + 2 * half, block)                         # (b, blocks, c, window)
-        offset = torch.arange(block + 2 * half, device=x.device)[None, :] - torch.arange(block, device=x.device)[:, None]
-        inside = (offset >= 0) & (offset < self.kernel_size)
-        banded = self.band.to(x.dtype)[:, offset.clamp(0, self.kernel_size - 1)] * inside    # (c, block, window)
-        y = torch.einsum("bncj,cij->bnic", windows, banded)
-        return y.reshape(b, blocks * block, c)[:, :n]
+        """Centred depthwise convolution along the sequence, (b, n, c) -> (b, n, c)."""
+        return _BandConvolution.apply(x.contiguous(), self.band.to(x.dtype))
 
     def inducing_kernel(self, lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Kernel at the inducing lags ``(-(r-1)..r-1) * spacing`` of each row, (b, 2r - 1, c)."""
