@@ -38,50 +38,72 @@ def _depthwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _band_weight_grad(grad: torch.Tensor, x: torch.Tensor, kernel_size: int) -> torch.Tensor:
-    """``dL/dw[c, o] = sum_{b,i} grad[b, i, c] * x[b, i + o - k//2, c]``, (c, k).
+    """``dL/dw[c, o] = sum_{b,i} grad[b, i, c] * x[b, i + o - k//2, c]``, (c, k), for contiguous (b, n, c) inputs.
 
-    conv2d's own weight gradient is slow on CPU for depthwise kernels; this accumulates shifted products over a few
-    rows at a time (one fused multiply-add per step, in cache) and reduces the rows once at the end.
+    conv2d's own weight gradient is slow on CPU for depthwise kernels. Rows whose window lies inside the sequence
+    accumulate shifted products a few rows at a time (one fused multiply-add on a strided view of x, in cache) and
+    reduce the rows once at the end; the few rows at either edge are summed directly. No padded copy of x.
     """
     b, n, c = x.shape
     half = kernel_size // 2
-    padded = F.pad(x, (0, 0, half, half))
-    length = n + 2 * half
-    rows = min(WEIGHT_GRAD_ROWS, n)
-    whole = n // rows * rows
-    acc = x.new_zeros(kernel_size, rows, c)
-    for item in range(b):
-        base = padded.storage_offset() + item * length * c
-        for start in range(0, whole, rows):
-            windows = padded.as_strided((kernel_size, rows, c), (c, c, 1), base + start * c)
-            acc.addcmul_(windows, grad[item, None, start: start + rows])
-    total = acc.sum(1)
-    if whole < n:  # the last rows that do not fill a step
-        tail = n - whole
+    total = x.new_zeros(kernel_size, c)
+    inner_start, inner_stop = half, n - half
+    if inner_stop > inner_start:
+        rows = min(WEIGHT_GRAD_ROWS, inner_stop - inner_start)
+        acc = x.new_zeros(kernel_size, rows, c)
+        steps = range(inner_start, inner_stop - rows + 1, rows)
         for item in range(b):
-            windows = padded.as_strided((kernel_size, tail, c), (c, c, 1),
-                                              padded.storage_offset() + (item * length + whole) * c)
-            total += (windows * grad[item, None, whole:]).sum(1)
+            base = x.storage_offset() + item * n * c
+            for start in steps:
+                windows = x.as_strided((kernel_size, rows, c), (c, c, 1), base + (start - half) * c)
+                acc.addcmul_(windows, grad[item, None, start: start + rows])
+        total += acc.sum(1)
+        done = steps[-1] + rows
+        edges = [(0, inner_start), (done, n)]
+    else:
+        edges = [(0, n)]
+    for lo, hi in edges:  # rows whose window may leave the sequence, or that do not fill a step
+        for o in range(kernel_size):
+            first, last = max(lo, half - o), min(hi, n + half - o)
+            if last > first:
+                shifted = x[:, first + o - half: last + o - half]
+                total[o] += (grad[:, first:last] * shifted).sum((0, 1))
     return total.t()
 
 
-class _BandConvolution(torch.autograd.Function):
-    """The band convolution with a hand-written backward: the input gradient is the convolution with the flipped
-    kernel (the same fast forward kernel), the weight gradient :func:`_band_weight_grad`."""
+class _SparsePlusLowRank(torch.autograd.Function):
+    """``y = band(x) + W (K_r (W^T x))`` in one function, so that forward and backward each write one activation-
+    sized tensor (the low-rank term is accumulated in place) and the band uses fast kernels: the input gradient is
+    the convolution with the flipped kernel, the weight gradient :func:`_band_weight_grad`. ``W`` carries no
+    gradient; ``toeplitz`` (b, r, r, c) may be None for the band alone."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        return _depthwise(x, weight)
+    def forward(ctx, x: torch.Tensor, band: torch.Tensor, weights: torch.Tensor | None,
+                toeplitz: torch.Tensor | None) -> torch.Tensor:
+        y = _depthwise(x, band)
+        inducing = None
+        if toeplitz is not None:
+            inducing = torch.bmm(weights.transpose(1, 2), x)                                # (b, r, c)
+            y.baddbmm_(weights, torch.einsum("bijc,bjc->bic", toeplitz, inducing))
+        ctx.save_for_backward(x, band, weights, toeplitz, inducing)
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
+        x, band, weights, toeplitz, inducing = ctx.saved_tensors
+        need_x, need_band, _, need_toeplitz = ctx.needs_input_grad
         grad = grad.contiguous()
-        grad_x = _depthwise(grad, weight.flip(1)) if ctx.needs_input_grad[0] else None
-        grad_w = _band_weight_grad(grad, x, weight.shape[1]) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w
+        grad_x = _depthwise(grad, band.flip(1)) if need_x else None
+        grad_band = _band_weight_grad(grad, x, band.shape[1]) if need_band else None
+        grad_toeplitz = None
+        if toeplitz is not None and (need_x or need_toeplitz):
+            grad_mixed = torch.bmm(weights.transpose(1, 2), grad)                             # (b, r, c)
+            if need_toeplitz:
+                grad_toeplitz = torch.einsum("bic,bjc->bijc", grad_mixed, inducing)
+            if need_x:
+                grad_x.baddbmm_(weights, torch.einsum("bijc,bic->bjc", toeplitz, grad_mixed))
+        return grad_x, grad_band, None, grad_toeplitz
 
 
 def interpolation_weights(lengths: torch.Tensor, n: int, rank: int, dtype: torch.dtype,
@@ -123,7 +145,7 @@ class SkiTno(TokenMixer):
 
     def band_conv(self, x: torch.Tensor) -> torch.Tensor:
         """Centred depthwise convolution along the sequence, (b, n, c) -> (b, n, c)."""
-        return _BandConvolution.apply(x.contiguous(), self.band.to(x.dtype))
+        return _SparsePlusLowRank.apply(x.contiguous(), self.band.to(x.dtype), None, None)
 
     def inducing_kernel(self, lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Kernel at the inducing lags ``(-(r-1)..r-1) * spacing`` of each row, (b, 2r - 1, c)."""
@@ -135,8 +157,9 @@ class SkiTno(TokenMixer):
         values = values * (self.gamma ** lags.abs())[..., None]
         return values[inverse]
 
-    def low_rank(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """``W K_r W^T x`` with each row's inducing grid spanning its real tokens."""
+    def low_rank_factors(self, x: torch.Tensor, attention_mask: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``W`` (b, n, r) and ``K_r`` (b, r, r, c), with each row's inducing grid spanning its real tokens."""
         b, n, _ = x.shape
         if attention_mask is None:
             lengths = torch.full((b,), n, device=x.device, dtype=torch.long)
@@ -149,10 +172,14 @@ class SkiTno(TokenMixer):
         kernel = self.inducing_kernel(lengths, x.dtype)                                # (b, 2r - 1, c)
         r = self.rank
         toeplitz_index = torch.arange(r, device=x.device)[:, None] - torch.arange(r, device=x.device)[None, :]
-        k_r = kernel[:, toeplitz_index + r - 1]                                        # (b, r, r, c)
+        return weights, kernel[:, toeplitz_index + r - 1]
+
+    def low_rank(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """``W K_r W^T x`` alone (the mixer computes it together with the band, see :meth:`mix`)."""
+        weights, k_r = self.low_rank_factors(x, attention_mask)
         z = torch.bmm(weights.transpose(1, 2), x)                                      # (b, r, c)
-        z = torch.einsum("bijc,bjc->bic", k_r, z)
-        return torch.bmm(weights, z)
+        return torch.bmm(weights, torch.einsum("bijc,bjc->bic", k_r, z))
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.band_conv(x) + self.low_rank(x, attention_mask)
+        weights, k_r = self.low_rank_factors(x, attention_mask)
+        return _SparsePlusLowRank.apply(x.contiguous(), self.band.to(x.dtype), weights, k_r)

@@ -134,3 +134,22 @@ def test_ski_band_gradients(batch, n, kernel_size):
 def test_ski_refuses_causal():
     with pytest.raises(ValueError, match="fd.*dense"):
         SkiTno(tiny_config("dense", causal=True), 4)  # a causal config reaching the mixer directly
+
+
+def test_ski_mixer_is_band_plus_low_rank_with_exact_gradients():
+    """The fused forward/backward of the whole mixer against autograd through its two parts, with padding."""
+    mixer = SkiTno(tiny_config("ski", causal=False, ski_rank=5, ski_kernel_size=5), channels=3).double()
+    x = torch.randn(2, 23, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 23, dtype=torch.long)
+    mask[1, 17:] = 0
+    x_masked = x * mask[..., None]
+    expected = mixer.band_conv(x_masked) + mixer.low_rank(x_masked, mask)
+    got = mixer(x_masked, mask)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    grad = torch.randn_like(got)
+    inputs = (x, *mixer.parameters())
+    fused = torch.autograd.grad(got, inputs, grad, retain_graph=True)  # the masking is shared by both graphs
+    for a, b in zip(fused, torch.autograd.grad(expected, inputs, grad)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    assert torch.autograd.gradcheck(lambda a: mixer(a, None), (torch.randn(1, 19, 3, dtype=torch.float64,
+                                                                           requires_grad=True),), fast_mode=True)
