@@ -211,7 +211,7 @@ def finish_model_card(output_dir: str, task_name: str, metrics: dict[str, float]
     checkpoint from a from-scratch model) and add a table of every evaluation number (it only lists the last
     evaluation, which for MNLI is the mismatched set)."""
     card = Path(output_dir) / "README.md"
-    text = card.read_text() if card.is_file() else f"# {Path(output_dir).name}\n\nThis model was trained from scratch on "
+    text = card.read_text() if card.is_file() else f"# {Path(output_dir).name}\n"
     if source is not None and os.path.isdir(source):
         origin = f"This model is a fine-tuned version of the local checkpoint `{Path(source).name}` on "
     else:

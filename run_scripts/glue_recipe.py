@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         suite_args.append("--skip_existing")
     suite_args += ["--", "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.num_train_epochs),
                    "--max_seq_length", str(args.max_seq_length), "--max_train_samples", str(args.max_train_samples),
-                   "--train_subsample_seed", str(args.seed), "--per_device_train_batch_size", str(args.train_batch_size),
+                   "--train_subsample_seed", str(args.seed),
+                   "--per_device_train_batch_size", str(args.train_batch_size),
                    "--per_device_eval_batch_size", "128", "--warmup_steps", "0.1", "--weight_decay", "0.01",
                    "--seed", str(args.seed), "--save_strategy", "no", "--eval_strategy", "no", "--report_to", "none",
                    "--disable_tqdm", "true"]

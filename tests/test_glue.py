@@ -171,10 +171,12 @@ def test_metric_every_task_hand_computed(task):
 
 def test_compute_metrics_from_logits():
     logits = np.array([[2.0, -1.0], [0.1, 0.3], [5.0, 4.0], [-1.0, 1.0]])  # argmax 0, 1, 0, 1
-    result = glue_data.make_compute_metrics("sst2")(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1, 1])))
+    labels = np.array([0, 1, 1, 1])
+    result = glue_data.make_compute_metrics("sst2")(EvalPrediction(predictions=logits, label_ids=labels))
     assert result == {"accuracy": 0.75}
     scores = np.array([[1.0], [2.0], [3.0], [4.0]])  # regression logits have a trailing axis of 1
-    result = glue_data.make_compute_metrics("stsb")(EvalPrediction(predictions=scores, label_ids=np.array([1.0, 4, 9, 16])))
+    targets = np.array([1.0, 4.0, 9.0, 16.0])
+    result = glue_data.make_compute_metrics("stsb")(EvalPrediction(predictions=scores, label_ids=targets))
     assert result["pearson"] == pytest.approx(PEARSON)
 
 
