@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+
+from transformers import PretrainedConfig
 
 from .configuration_tnn import TnnConfig
 
@@ -38,7 +41,9 @@ def load_preset(name_or_path: str | Path, **overrides) -> TnnConfig:
             raise ValueError(f"Unknown TNN preset {str(name_or_path)!r}: use one of {names}, a JSON file or a folder.")
         path = _preset_dir() / f"{name_or_path}.json"
     values = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
-    known = set(TnnConfig().to_dict()) | set(values) | {"num_labels"}
+    # TnnConfig's fields, the base config's (labels, problem_type, ...) and the usual extras transformers keeps.
+    known = set(TnnConfig().to_dict()) | set(values) | {f.name for f in dataclasses.fields(PretrainedConfig)} | {
+        "num_labels", "finetuning_task", "auto_map"}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"Unknown TnnConfig field(s) {unknown} in overrides; known fields: {sorted(known)}.")

@@ -81,6 +81,9 @@ def test_presets_and_overrides():
         load_preset("nope")
     with pytest.raises(ValueError, match="not_a_field"):
         load_preset("tiny", not_a_field=1)
+    # Standard transformers config kwargs are accepted too.
+    labelled = load_preset("tiny", num_labels=3, finetuning_task="sst2", problem_type="single_label_classification")
+    assert (labelled.num_labels, labelled.finetuning_task) == (3, "sst2")
 
 
 def test_paper_presets():
