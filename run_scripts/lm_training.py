@@ -138,7 +138,8 @@ def build_parser(task: str) -> argparse.ArgumentParser:
                        help="trackers besides the JSONL file: 'tensorboard', 'wandb', ..., 'all' or 'none' "
                             "(a tracker whose package is missing is skipped)")
     track.add_argument("--with_tracking", action="store_true", help=argparse.SUPPRESS)  # HF compatibility, no-op
-    track.add_argument("--push_to_hub", action="store_true", help="upload the final folder to the Hub")
+    track.add_argument("--push_to_hub", action="store_true",
+                       help="publish the final model to the Hub (model card included, via hub_publishing.py)")
     track.add_argument("--hub_model_id", help="repository id for --push_to_hub (default: --output_dir's name)")
 
     if task == "mlm":
@@ -237,6 +238,8 @@ def check_args(args: argparse.Namespace) -> None:
         args.resume_path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     else:
         args.resume_path = None
+    if args.push_to_hub:
+        check_push_to_hub(args)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -748,18 +751,41 @@ def _tracker_installed(name: str) -> bool:
     return bool(check and check())
 
 
-def push_folder_to_hub(folder: str | Path, repo_id: str, commit_message: str = "Upload TNN model",
-                       api: Any = None) -> str:
-    """Upload a saved model folder to the Hub repository ``repo_id`` (created if needed), leaving checkpoints and
-    logs out. Returns the commit URL. ``api`` defaults to ``huggingface_hub.HfApi()``."""
-    if api is None:
-        from huggingface_hub import HfApi
+def hub_repo_id(args: argparse.Namespace) -> str:
+    """--hub_model_id, else the output folder's name (HF's convention)."""
+    return args.hub_model_id or Path(args.output_dir).resolve().name
 
-        api = HfApi()
-    api.create_repo(repo_id, repo_type="model", exist_ok=True)
-    info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message=commit_message,
-                             ignore_patterns=["step_*", "epoch_*", f"{TMP_PREFIX}*", METRICS_FILE, "runs/*"])
-    return str(getattr(info, "commit_url", info))
+
+def check_push_to_hub(args: argparse.Namespace) -> None:
+    """Before training: a valid repository id and a Hub token, so a long run does not end in a failed upload."""
+    import hub_publishing
+
+    try:
+        hub_publishing.validate_repo_id(hub_repo_id(args))
+        hub_publishing.require_token()
+    except hub_publishing.PublishError as error:
+        raise UsageError(f"--push_to_hub: {error}".replace("--repo_id", "--hub_model_id")) from None
+
+
+def push_to_hub(args: argparse.Namespace, output_dir: Path, commit_message: str) -> str:
+    """Publish the finished run with the project's publishing code (``hub_publishing.publish_run``, what
+    ``publish.py`` runs): an allow-listed Hub folder with a model card, built in a temporary folder, then one upload
+    (checkpoints, optimizer states and logs never leave the machine). Returns the commit URL."""
+    import tempfile
+
+    import hub_publishing
+
+    if args.dataset_name:
+        data = hub_publishing.DatasetRef(hub_id=args.dataset_name, name=args.dataset_name,
+                                         config=args.dataset_config_name, split="validation")
+    else:
+        name = Path(args.train_file).name if args.train_file else "CPython pydoc topics (embedded corpus)"
+        data = hub_publishing.DatasetRef(name=name, split="validation")
+    with tempfile.TemporaryDirectory() as tmp:
+        _, commit = hub_publishing.publish_run(output_dir, hub_repo_id(args), Path(tmp) / "hub",
+                                               options=hub_publishing.CardOptions(dataset=data),
+                                               commit_message=commit_message)
+    return str(getattr(commit, "commit_url", commit))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1028,8 +1054,7 @@ def train(session: Session) -> RunOutcome:
             print(f"--- sample ---\n{text}\n")
         (output_dir / "all_results.json").write_text(json.dumps(results, indent=2))
         if args.push_to_hub:
-            repo_id = args.hub_model_id or output_dir.resolve().name
-            url = push_folder_to_hub(output_dir, repo_id, f"train_{args.task}: step {session.completed_steps}")
+            url = push_to_hub(args, output_dir, f"train_{args.task}: step {session.completed_steps}")
             print(f"pushed to {url}")
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -120,21 +120,30 @@ def test_accelerate_cpu_launch_detection():
     assert cpu_launch.dropped_process_count({"ACCELERATE_USE_CPU": "True"}, argv) is None  # N = 1: no MASTER_PORT
 
 
-def test_push_to_hub_uploads_the_folder_without_checkpoints(tmp_path):
-    calls = []
+def test_push_to_hub_publishes_through_the_publishing_code(tmp_path, monkeypatch):
+    import hub_publishing
 
-    class FakeApi:
-        def create_repo(self, repo_id, **kwargs):
-            calls.append(("create_repo", repo_id, kwargs))
+    monkeypatch.setattr(hub_publishing, "_current_token", lambda: None)
+    argv = TINY + ["--output_dir", str(tmp_path / "run"), "--max_train_steps", "2", "--push_to_hub",
+                   "--hub_model_id", "me/tnn-tiny", "--checkpointing_steps", "1"]
+    with pytest.raises(ValueError, match="--push_to_hub: no Hugging Face token"):  # before training
+        lt.setup(lt.parse_args("clm", argv), "clm")
+    with pytest.raises(ValueError, match="--hub_model_id 'not a repo'"):
+        lt.setup(lt.parse_args("clm", argv + ["--hub_model_id", "not a repo"]), "clm")
 
-        def upload_folder(self, **kwargs):
-            calls.append(("upload_folder", kwargs))
-            return "https://hub/commit/1"
+    uploads = []
 
-    assert lt.push_folder_to_hub(tmp_path, "me/tnn", api=FakeApi()) == "https://hub/commit/1"
-    upload = calls[1][1]
-    assert calls[0][1] == "me/tnn" and upload["folder_path"] == str(tmp_path) and upload["repo_id"] == "me/tnn"
-    assert "step_*" in upload["ignore_patterns"] and "epoch_*" in upload["ignore_patterns"]
+    def fake_upload(folder, repo_id, **kwargs):
+        uploads.append((repo_id, sorted(p.name for p in Path(folder).iterdir()), kwargs["commit_message"]))
+        return "https://hub/commit/1"
+
+    monkeypatch.setattr(hub_publishing, "_current_token", lambda: "a-token")
+    monkeypatch.setattr(hub_publishing, "upload_folder", fake_upload)
+    run("clm", argv)
+    repo_id, files, message = uploads[0]
+    assert repo_id == "me/tnn-tiny" and message == "train_clm: step 2"
+    assert {"README.md", "config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    assert not any(name.startswith(("step_", "optimizer", "metrics")) for name in files)
 
 
 # ----------------------------------------------------------------------------------------------------------------
