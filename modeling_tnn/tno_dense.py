@@ -23,23 +23,30 @@ class DenseTno(TokenMixer):
         """The pre-decay kernel ``RPE(k)`` at integer ``lags`` (L,) -> (L, channels)."""
         return self.rpe(lags)
 
-    def coefficients(self, n: int, device: torch.device) -> torch.Tensor:
-        """Kernel values at lags ``0..n-1`` (causal) or ``-(n-1)..n-1`` (bidirectional), shape (lags, channels)."""
-        start = 0 if self.causal else -(n - 1)
-        lags = torch.arange(start, n, device=device)
+    def decayed(self, lags: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Kernel values ``RPE(k) * gamma**|k|`` at integer ``lags`` (L,) -> (L, channels); zero where ``keep`` is
+        False."""
         values = self.rpe_values(lags)
         decay = self.gamma ** lags.abs().to(values.dtype)
+        if keep is not None:
+            decay = decay * keep
         return values * decay[:, None]
+
+    def coefficients(self, n: int, device: torch.device) -> torch.Tensor:
+        """Kernel values at lags ``0..n-1`` (causal) or ``-(n-1)..n-1`` (bidirectional), shape (lags, channels)."""
+        return self.decayed(torch.arange(0 if self.causal else -(n - 1), n, device=device))
 
     def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """rfft of the circulant embedding of the kernel, (fft_len // 2 + 1, channels): lag k at slot k, lag -k at
         slot fft_len - k. Built channel-major (a transposed view is returned), the layout fft_convolve works in."""
-        coeffs = self.coefficients(n, device).to(dtype).t()                                  # (channels, lags)
         if self.causal:
-            layout = F.pad(coeffs, (0, fft_len - n))
+            layout = F.pad(self.coefficients(n, device).to(dtype).t(), (0, fft_len - n))
         else:
-            gap = coeffs.new_zeros(self.channels, fft_len - (2 * n - 1))
-            layout = torch.cat([coeffs[:, n - 1:], gap, coeffs[:, : n - 1]], dim=1)
+            # The RPE runs on each slot's own lag (slot s holds lag s, or s - fft_len past the middle) and the few
+            # slots between lags n-1 and -(n-1) are zeroed through the decay: no concatenation to build or undo.
+            slots = torch.arange(fft_len, device=device)
+            lags = torch.where(slots < n, slots, slots - fft_len)
+            layout = self.decayed(lags, keep=lags > -n).to(dtype).t()
         return kernel_rfft(layout).t()
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

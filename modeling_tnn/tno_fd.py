@@ -29,9 +29,9 @@ def hilbert_causal_kernel(real_response: torch.Tensor, grid: int) -> torch.Tenso
     """
     even = torch.fft.irfft(real_response, n=grid, dim=0)
     half = grid // 2
-    kernel = even[: half + 1].clone()
-    kernel[1:half] *= 2
-    return kernel
+    fold = torch.full((half + 1, 1), 2.0, dtype=even.dtype, device=even.device)
+    fold[0] = fold[half] = 1
+    return even[: half + 1] * fold
 
 
 class FdTno(TokenMixer):

@@ -72,8 +72,8 @@ def test_float64_stays_float64():
 def test_eval_cache_reuses_and_invalidates(monkeypatch):
     mixer = DenseTno(tiny_config(), channels=4)
     calls = []
-    original = mixer.coefficients
-    monkeypatch.setattr(mixer, "coefficients", lambda n, device: calls.append(n) or original(n, device))
+    original = mixer.spectrum
+    monkeypatch.setattr(mixer, "spectrum", lambda n, *args: calls.append(n) or original(n, *args))
     x = torch.randn(1, 12, 4)
     mixer.eval()
     with torch.no_grad():
