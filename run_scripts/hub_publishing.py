@@ -32,6 +32,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (the five Auto classes every TNN folder exposes)
 import glue_data  # noqa: E402  (the GLUE task table: dataset names, splits, metrics, text columns)
 
 logger = logging.getLogger(__name__)
@@ -52,14 +53,6 @@ ALLOWED_PATTERNS = ("README.md", "config.json", "generation_config.json", WEIGHT
                     "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors", "*.py",
                     *TOKENIZER_FILES, f"{PLOTS_DIR}/*.png")
 
-# The five Auto classes every TNN checkpoint exposes (the same entries TnnPreTrainedModel.save_pretrained writes).
-AUTO_MAP = {
-    "AutoConfig": "configuration_tnn.TnnConfig",
-    "AutoModel": "modeling_tnn.TnnModel",
-    "AutoModelForCausalLM": "modeling_tnn.TnnForCausalLM",
-    "AutoModelForMaskedLM": "modeling_tnn.TnnForMaskedLM",
-    "AutoModelForSequenceClassification": "modeling_tnn.TnnForSequenceClassification",
-}
 PIPELINE_TAGS = {"TnnForCausalLM": "text-generation", "TnnForMaskedLM": "fill-mask",
                  "TnnForSequenceClassification": "text-classification", "TnnModel": "feature-extraction"}
 HEAD_AUTO_CLASS = {"TnnForCausalLM": "AutoModelForCausalLM", "TnnForMaskedLM": "AutoModelForMaskedLM",

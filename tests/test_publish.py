@@ -26,6 +26,7 @@ from huggingface_hub import HfApi, ModelCard
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification
 
+from remote_code import BLOCK_PACKAGE_PREAMBLE
 from conftest import PROJECT_ROOT, tiny_config
 
 sys.path.insert(0, str(PROJECT_ROOT / "run_scripts"))
@@ -249,20 +250,8 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     assert "trust_remote_code=True" in card.text
 
 
-REMOTE_SCRIPT = textwrap.dedent("""
-    import importlib.abc, io, json, re, sys, contextlib
-    class BlockTnn(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "modeling_tnn" or name.startswith("modeling_tnn."):
-                raise ImportError("modeling_tnn is blocked in this test")
-    sys.meta_path.insert(0, BlockTnn())
-    sys.path = [p for p in sys.path if p not in ("", {root!r})]
-    import torch, transformers
-    try:
-        import modeling_tnn
-        raise SystemExit("modeling_tnn should not be importable here")
-    except ImportError:
-        pass
+REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+    import io, json, re, contextlib
     jobs = json.loads({jobs!r})
     ids = torch.load({ids!r})
     out = {{}}

@@ -15,6 +15,7 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 
+from remote_code import BLOCK_PACKAGE_PREAMBLE
 from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
 
 AUTO_CLASSES = {
@@ -79,20 +80,8 @@ def test_tied_weights_stay_tied(tmp_path, cls):
     torch.testing.assert_close(loaded.get_input_embeddings().weight, model.get_input_embeddings().weight)
 
 
-REMOTE_SCRIPT = textwrap.dedent("""
-    import importlib.abc, json, sys
-    class BlockTnn(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "modeling_tnn" or name.startswith("modeling_tnn."):
-                raise ImportError("modeling_tnn is blocked in this test")
-    sys.meta_path.insert(0, BlockTnn())
-    sys.path = [p for p in sys.path if p not in ("", {root!r})]
-    import torch, transformers
-    try:
-        import modeling_tnn
-        raise SystemExit("modeling_tnn should not be importable here")
-    except ImportError:
-        pass
+REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+    import json
     ids = torch.load({ids!r})
     out = {{}}
     for folder, classes in json.loads({jobs!r}).items():
