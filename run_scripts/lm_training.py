@@ -407,7 +407,9 @@ def get_tokenizer(args: argparse.Namespace, raw: DatasetDict, accelerator: Accel
     with accelerator.main_process_first():
         if accelerator.is_main_process:
             texts = (text for text in raw["train"][text_column] if text)
-            tokenizer = train_byte_level_bpe(texts, vocab_size=args.vocab_size)
+            # A masked LM gets RoBERTa's template (<s> A </s></s> B </s>), so a later sentence-pair finetune (GLUE)
+            # sees a separator between the two sentences; a causal LM keeps plain byte-level text.
+            tokenizer = train_byte_level_bpe(texts, vocab_size=args.vocab_size, add_bos_eos=args.task == "mlm")
             output_dir.mkdir(parents=True, exist_ok=True)
             tokenizer.save_pretrained(output_dir)
         else:
