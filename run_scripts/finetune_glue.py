@@ -316,12 +316,30 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                    "dataset_args": task.name, "dataset": f"GLUE {task.name.upper()}"}
     if source is not None and not os.path.isdir(source):  # a Hub id; a local folder means nothing to card readers
         card_kwargs["finetuned_from"] = source
-    if training_args.push_to_hub:
-        trainer.push_to_hub(**card_kwargs)
-    elif trainer.is_world_process_zero():
+    if trainer.is_world_process_zero():
         trainer.create_model_card(**card_kwargs)
         finish_model_card(training_args.output_dir, task.name, results, source)
+        if training_args.push_to_hub:
+            push_to_hub(training_args, task.name)
     return results
+
+
+def push_to_hub(training_args: TrainingArguments, task_name: str) -> None:
+    """Publish with the project's publishing code (what ``publish.py`` runs): an allow-listed folder with a model
+    card whose model-index is read from ``eval_results.json``, then one upload. Unlike ``Trainer.push_to_hub`` it
+    never uploads ``training_args.bin``, checkpoints or logs."""
+    import tempfile
+
+    import hub_publishing
+
+    repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
+    data = hub_publishing.DatasetRef(hub_id="nyu-mll/glue", name=f"GLUE {task_name.upper()}", config=task_name,
+                                     split="validation")
+    with tempfile.TemporaryDirectory() as tmp:
+        _, commit = hub_publishing.publish_run(training_args.output_dir, repo_id, Path(tmp) / "hub",
+                                               options=hub_publishing.CardOptions(dataset=data),
+                                               private=bool(training_args.hub_private_repo))
+    logger.info("pushed to %s", getattr(commit, "commit_url", commit))
 
 
 if __name__ == "__main__":

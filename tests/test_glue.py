@@ -319,3 +319,21 @@ def test_finetune_sst2_beats_majority_baseline(tmp_path, shared_data, one_thread
     baseline = glue_data.majority_baseline("sst2", list(dev["train"]["label"])[:3000], list(dev["validation"]["label"]))
     assert results["eval_samples"] == 872
     assert results["eval_accuracy"] > baseline["accuracy"] + 0.04, (results, baseline)
+
+
+def test_push_to_hub_goes_through_the_publishing_code(tmp_path, monkeypatch):
+    """--push_to_hub publishes the allow-listed folder with a card (never training_args.bin or checkpoints)."""
+    import hub_publishing
+    from transformers import TrainingArguments
+
+    calls = []
+    monkeypatch.setattr(hub_publishing, "publish_run",
+                        lambda run_dir, repo_id, out_dir, **kwargs: calls.append((run_dir, repo_id, kwargs)) or
+                        ([], None))
+    args = TrainingArguments(output_dir=str(tmp_path / "sst2-run"), hub_model_id="org/tnn-sst2",
+                             hub_private_repo=True, report_to="none")
+    finetune_glue.push_to_hub(args, "sst2")
+    (run_dir, repo_id, kwargs), = calls
+    assert (run_dir, repo_id, kwargs["private"]) == (str(tmp_path / "sst2-run"), "org/tnn-sst2", True)
+    dataset = kwargs["options"].dataset
+    assert (dataset.hub_id, dataset.config, dataset.split) == ("nyu-mll/glue", "sst2", "validation")
