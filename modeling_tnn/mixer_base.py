@@ -53,30 +53,6 @@ def _onesided_weights(fft_len: int, dtype: torch.dtype, device: torch.device) ->
     return weights
 
 
-class _KernelRfft(torch.autograd.Function):
-    """``rfft`` along the last dim of a real kernel layout, whose backward is one real irfft (autograd's own
-    backward of rfft pads the gradient to a full complex spectrum and runs a c2c FFT)."""
-
-    @staticmethod
-    def forward(ctx, layout: torch.Tensor) -> torch.Tensor:
-        ctx.fft_len = layout.shape[-1]
-        return torch.fft.rfft(layout, dim=-1)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        # dL/dk_m = Re sum_j grad_j e^{2 pi i j m / N} over the one-sided bins: an irfft, once the bins that irfft
-        # counts twice (and scales by 1/N) are divided by their weight.
-        fft_len = ctx.fft_len
-        weights = _onesided_weights(fft_len, grad.real.dtype, grad.device)
-        return torch.fft.irfft(grad * weights.reciprocal(), n=fft_len, dim=-1)
-
-
-def kernel_rfft(layout: torch.Tensor) -> torch.Tensor:
-    """rfft along the last dim of a real kernel layout (..., fft_len), with a cheap real backward."""
-    return _KernelRfft.apply(layout)
-
-
 def _chunk_channels(x: torch.Tensor, per_channel: int) -> int:
     """Channels per chunk: the whole tensor off CPU, else what fits the chunk budget (whole cache lines)."""
     channels = x.shape[-1]
@@ -115,43 +91,51 @@ def _fill_windows(out: torch.Tensor, x: torch.Tensor, channels: slice, step: int
 class _BlockConvolution(torch.autograd.Function):
     """Overlap-save convolution along dim 1 of (b, n, c), channel chunk by channel chunk, with a hand-written
     backward: one rfft of the zero-padded output gradient serves both the input gradient (one irfft, then
-    overlap-add) and the kernel gradient (its product with the saved input spectra)."""
+    overlap-add) and the kernel gradient (its product with the saved input spectra).
+
+    The kernel is a real circular layout (fft_len, c), whose rfft runs here chunk by chunk (and whose gradient is
+    one irfft per chunk), or a complex spectrum (fft_len // 2 + 1, c).
+    """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_len: int, step: int, offset: int) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int, offset: int) -> torch.Tensor:
         b, n, c = x.shape
         blocks = -(-n // step)
         chunk = _chunk_channels(x, b * blocks * fft_len)
         windows = x.new_empty(b, chunk, blocks, fft_len)
         y = x.new_empty(b, n, c)
-        spectra = []
+        input_spectra, kernel_spectra = [], []
         for start in range(0, c, chunk):
             channels = slice(start, min(c, start + chunk))
             k = channels.stop - start
+            kernel_f = _chunk_spectrum(kernel, channels)
             x_f = torch.fft.rfft(_fill_windows(windows[:, :k], x, channels, step, offset), dim=-1)
-            kernel = spectrum[channels, None]
             if ctx.needs_input_grad[1]:
-                spectra.append(x_f)
-                y_f = x_f * kernel
+                input_spectra.append(x_f)
+                y_f = x_f * kernel_f[:, None]
             else:
-                y_f = x_f.mul_(kernel)
+                y_f = x_f.mul_(kernel_f[:, None])
+            kernel_spectra.append(kernel_f)
             out = torch.fft.irfft(y_f, n=fft_len, dim=-1)[..., offset: offset + step]
             y[:, :, channels].copy_(out.reshape(b, k, blocks * step)[..., :n].transpose(1, 2))
-        ctx.save_for_backward(spectrum, *spectra)
-        ctx.geometry = (n, fft_len, step, offset, chunk)
+        ctx.save_for_backward(*kernel_spectra, *input_spectra)
+        ctx.geometry = (n, fft_len, step, offset, chunk, kernel.shape, kernel.is_complex())
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        spectrum, *spectra = ctx.saved_tensors
-        n, fft_len, step, offset, chunk = ctx.geometry
+        n, fft_len, step, offset, chunk, kernel_shape, spectral = ctx.geometry
         b, _, c = grad.shape
+        chunks = -(-c // chunk)
+        kernel_spectra, input_spectra = ctx.saved_tensors[:chunks], ctx.saved_tensors[chunks:]
         blocks = -(-n // step)
         need_x, need_kernel = ctx.needs_input_grad[:2]
         grad_x = grad.new_empty(b, n, c) if need_x else None
-        grad_spectrum = torch.empty_like(spectrum) if need_kernel else None
-        weights = _onesided_weights(fft_len, grad.dtype, grad.device) if need_kernel else None
+        grad_kernel = None
+        if need_kernel:
+            grad_kernel = grad.new_empty(kernel_shape, dtype=kernel_spectra[0].dtype if spectral else grad.dtype)
+            weights = _onesided_weights(fft_len, grad.dtype, grad.device)
         # Each window's output gradient sits at slots offset .. offset + step - 1, zero elsewhere.
         padded = grad.new_zeros(b, chunk, blocks, fft_len)
         whole, rest = divmod(n, step)
@@ -168,14 +152,19 @@ class _BlockConvolution(torch.autograd.Function):
             if rest:
                 slots[:, :, whole, :rest].copy_(g[..., whole * step:])
             g_f = torch.fft.rfft(padded[:, :k], dim=-1)
-            kernel = spectrum[channels, None]
             if need_kernel:
-                # dL/dK (PyTorch's convention for complex inputs): conj(X) G, weighted as irfft counts the bins.
-                product = spectra[index].conj_physical().mul_(g_f)  # (reducing dims 0 and 2 at once is slow)
-                grad_spectrum[channels] = (product[0, :, 0] if b * blocks == 1 else product.sum(2).sum(0)) * weights
+                # Correlation of the output gradient with the input, per bin: conj(X) G summed over batch and blocks
+                # (reducing dims 0 and 2 at once is slow). Its irfft is the gradient of the time-domain kernel; the
+                # spectrum's (PyTorch's convention for complex inputs) weighs each bin as irfft counts it.
+                product = input_spectra[index].conj_physical().mul_(g_f)
+                product = product[0, :, 0] if b * blocks == 1 else product.sum(2).sum(0)              # (k, F)
+                if spectral:
+                    grad_kernel[:, channels] = (product * weights).t()
+                else:
+                    grad_kernel[:, channels] = torch.fft.irfft(product, n=fft_len, dim=-1).t()
             if need_x:
                 # The adjoint of a convolution is the correlation with the same kernel: multiply by conj(K).
-                window_grad = torch.fft.irfft(g_f.mul_(kernel.conj()), n=fft_len, dim=-1)  # (b, k, blocks, M)
+                window_grad = torch.fft.irfft(g_f.mul_(kernel_spectra[index].conj()[:, None]), n=fft_len, dim=-1)
                 if blocks == 1:
                     source = window_grad[:, :, 0, offset: offset + n]
                 else:  # overlap-add the window gradients back onto the sequence
@@ -186,21 +175,29 @@ class _BlockConvolution(torch.autograd.Function):
                         acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
                     source = acc.view(b, k, -1)[..., offset: offset + n]
                 grad_x[:, :, channels].copy_(source.transpose(1, 2))
-        return grad_x, grad_spectrum, None, None, None
+        return grad_x, grad_kernel, None, None, None
 
 
-def fft_convolve(x: torch.Tensor, kernel_spectrum: torch.Tensor, fft_len: int, step: int | None = None,
+def _chunk_spectrum(kernel: torch.Tensor, channels: slice) -> torch.Tensor:
+    """The spectrum (k, F) of some channels of a kernel given as a spectrum (F, c) or a real layout (fft_len, c)."""
+    if kernel.is_complex():
+        return kernel[:, channels].t().contiguous()
+    return torch.fft.rfft(kernel[:, channels].t(), dim=-1)
+
+
+def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int | None = None,
                  offset: int = 0) -> torch.Tensor:
-    """Per-channel convolution of ``x`` (b, n, c) with a real kernel given by its rfft (fft_len // 2 + 1, c).
+    """Per-channel convolution of ``x`` (b, n, c) with a real kernel, given either as its circular layout
+    (fft_len, c) (lag m at slot m mod fft_len) or as the rfft of that layout (fft_len // 2 + 1, c).
 
-    The kernel's lag m sits at circular slot m mod fft_len. With ``step=None`` the whole sequence is one FFT block
-    (exact when the kernel's lags m satisfy n + |m| <= fft_len). Otherwise overlap-save: block j computes outputs
-    ``j*step .. j*step + step - 1`` from the window of x starting at ``j*step - offset``; exact for kernels with
-    lags in ``[offset + step - fft_len, offset]``.
+    With ``step=None`` the whole sequence is one FFT block (exact when the kernel's lags m satisfy
+    n + |m| <= fft_len). Otherwise overlap-save: block j computes outputs ``j*step .. j*step + step - 1`` from the
+    window of x starting at ``j*step - offset``; exact for kernels with lags in ``[offset + step - fft_len, offset]``.
+    Pass the layout when training: its FFT and the FFT of its gradient then run in cache-sized chunks.
     """
     n = x.shape[1]
     step = n if step is None else step
-    return _BlockConvolution.apply(x.contiguous(), kernel_spectrum.t().contiguous(), fft_len, step, offset)
+    return _BlockConvolution.apply(x.contiguous(), kernel, fft_len, step, offset)
 
 
 class TokenMixer(nn.Module):
@@ -250,9 +247,19 @@ class TokenMixer(nn.Module):
     def _parameter_version(self) -> tuple:
         return tuple((p._version, p.data_ptr(), p.device, p.dtype) for p in self.parameters())
 
+    def _memoising(self) -> bool:
+        return not (self.training or torch.is_grad_enabled())
+
+    def convolution_kernel(self, key: Hashable, layout: Callable[[], torch.Tensor],
+                           spectrum: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The kernel to hand to :func:`fft_convolve`: its time-domain ``layout()`` when gradients flow (the FFT of
+        the kernel and of its gradient then run inside the convolution, in cache-sized chunks), or its
+        ``spectrum()``, computed once and memoised under ``key``, in eval mode."""
+        return layout() if not self._memoising() else self.cached(key, spectrum)
+
     def cached(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()``, memoised under ``key`` in eval mode without autograd; recomputed otherwise."""
-        if self.training or torch.is_grad_enabled():
+        if not self._memoising():
             return compute()
         version = self._parameter_version()
         if version != self._eval_cache_version:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, fft_length, kernel_rfft
+from .mixer_base import TokenMixer, fft_convolve, fft_length
 from .rpe import Rpe
 
 
@@ -36,25 +36,28 @@ class DenseTno(TokenMixer):
         """Kernel values at lags ``0..n-1`` (causal) or ``-(n-1)..n-1`` (bidirectional), shape (lags, channels)."""
         return self.decayed(torch.arange(0 if self.causal else -(n - 1), n, device=device))
 
-    def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """rfft of the circulant embedding of the kernel, (fft_len // 2 + 1, channels): lag k at slot k, lag -k at
-        slot fft_len - k. Built channel-major (a transposed view is returned), the layout fft_convolve works in."""
+    def layout(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The kernel's circular layout (fft_len, channels): lag k at slot k, lag -k at slot fft_len - k, zero
+        elsewhere."""
         if self.causal:
-            layout = F.pad(self.coefficients(n, device).to(dtype).t(), (0, fft_len - n))
-        else:
-            # The RPE runs on each slot's own lag (slot s holds lag s, or s - fft_len past the middle) and the few
-            # slots between lags n-1 and -(n-1) are zeroed through the decay: no concatenation to build or undo.
-            slots = torch.arange(fft_len, device=device)
-            lags = torch.where(slots < n, slots, slots - fft_len)
-            layout = self.decayed(lags, keep=lags > -n).to(dtype).t()
-        return kernel_rfft(layout).t()
+            return F.pad(self.coefficients(n, device).to(dtype), (0, 0, 0, fft_len - n))
+        # The RPE runs on each slot's own lag (slot s holds lag s, or s - fft_len past the middle) and the few slots
+        # between lags n-1 and -(n-1) are zeroed through the decay: no concatenation to build or undo.
+        slots = torch.arange(fft_len, device=device)
+        lags = torch.where(slots < n, slots, slots - fft_len)
+        return self.decayed(lags, keep=lags > -n).to(dtype)
+
+    def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """rfft of the circulant embedding of the kernel (:meth:`layout`), (fft_len // 2 + 1, channels)."""
+        return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         n = x.shape[1]
         fft_len = fft_length(n)
-        spectrum = self.cached(("spectrum", n, x.device, x.dtype),
-                               lambda: self.spectrum(n, fft_len, x.device, x.dtype))
-        return fft_convolve(x, spectrum, fft_len)
+        kernel = self.convolution_kernel(("spectrum", n, x.device, x.dtype),
+                                         lambda: self.layout(n, fft_len, x.device, x.dtype),
+                                         lambda: self.spectrum(n, fft_len, x.device, x.dtype))
+        return fft_convolve(x, kernel, fft_len)
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         return self.coefficients(n, device)

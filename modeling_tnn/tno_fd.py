@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, kernel_rfft, smooth_size
+from .mixer_base import TokenMixer, fft_convolve, smooth_size
 from .rpe import Rpe
 
 # Overlap-save FFT size as a multiple of the lags a block must cover: each block then yields (multiple - 1) x that
@@ -84,25 +84,35 @@ class FdTno(TokenMixer):
             return block, block - span, taps, taps
         return single, None, 0, taps
 
-    def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """rfft (fft_len // 2 + 1, c) of the kernel's lags that reach ``y[:n]``, lag m at circular slot m mod fft_len."""
+    def layout(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The kernel's lags that reach ``y[:n]``, in circular layout (fft_len, c): lag m at slot m mod fft_len."""
         half = self.grid // 2
         taps = min(half, n - 1)  # lags >= n never reach y[:n]
-        if fft_len == self.grid and n <= half and not self.causal:
-            return self.response(device).to(dtype.to_complex())  # the RPE output is the spectrum: no kernel FFT
-        kernel = self.kernel(device).to(dtype).t()                                         # (channels, lags)
+        kernel = self.kernel(device).to(dtype)
         if self.causal:
-            layout = F.pad(kernel[:, : taps + 1], (0, fft_len - taps - 1))
-        else:
-            gap = kernel.new_zeros(self.channels, fft_len - 2 * taps - 1)
-            layout = torch.cat([kernel[:, half: half + taps + 1], gap, kernel[:, half - taps: half]], dim=1)
-        return kernel_rfft(layout).t()
+            return F.pad(kernel[: taps + 1], (0, 0, 0, fft_len - taps - 1))
+        gap = kernel.new_zeros(fft_len - 2 * taps - 1, self.channels)
+        return torch.cat([kernel[half: half + taps + 1], gap, kernel[half - taps: half]])
+
+    def _response_is_spectrum(self, n: int, fft_len: int) -> bool:
+        """Bidirectional inputs of at most grid/2 tokens convolved on the grid itself use the RPE output as is."""
+        return fft_len == self.grid and n <= self.grid // 2 and not self.causal
+
+    def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """rfft (fft_len // 2 + 1, c) of :meth:`layout`."""
+        if self._response_is_spectrum(n, fft_len):
+            return self.response(device).to(dtype.to_complex())  # the RPE output is the spectrum: no kernel FFT
+        return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         fft_len, step, offset, taps = self.plan(x.shape[1])
-        spectrum = self.cached(("spectrum", fft_len, taps, x.device, x.dtype),
-                               lambda: self.spectrum(taps + 1, fft_len, x.device, x.dtype))
-        return fft_convolve(x, spectrum, fft_len, step, offset)
+        key = ("kernel", fft_len, taps, x.device, x.dtype)
+        spectrum = lambda: self.spectrum(taps + 1, fft_len, x.device, x.dtype)  # noqa: E731
+        if self._response_is_spectrum(taps + 1, fft_len):
+            kernel = self.cached(key, spectrum)
+        else:
+            kernel = self.convolution_kernel(key, lambda: self.layout(taps + 1, fft_len, x.device, x.dtype), spectrum)
+        return fft_convolve(x, kernel, fft_len, step, offset)
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         kernel = self.kernel(device)[:n]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling_tnn.mixer_base import fft_convolve, fft_length, kernel_rfft
+from modeling_tnn.mixer_base import fft_convolve, fft_length
 from modeling_tnn.tno_dense import DenseTno
 
 from conftest import tiny_config
@@ -72,8 +72,8 @@ def test_float64_stays_float64():
 def test_eval_cache_reuses_and_invalidates(monkeypatch):
     mixer = DenseTno(tiny_config(), channels=4)
     calls = []
-    original = mixer.spectrum
-    monkeypatch.setattr(mixer, "spectrum", lambda n, *args: calls.append(n) or original(n, *args))
+    original = mixer.layout  # what both the training path and the memoised spectrum are computed from
+    monkeypatch.setattr(mixer, "layout", lambda n, *args: calls.append(n) or original(n, *args))
     x = torch.randn(1, 12, 4)
     mixer.eval()
     with torch.no_grad():
@@ -102,14 +102,17 @@ def test_eval_cache_reuses_and_invalidates(monkeypatch):
 @pytest.mark.parametrize(("n", "fft_len", "step", "offset"),
                          [(9, 18, None, 0), (7, 15, None, 0), (9, 16, 4, 2), (13, 12, 5, 4), (2, 12, 5, 4)])
 def test_fft_convolve_gradients(n, fft_len, step, offset):
-    """The hand-written backward (one block, or overlap-save blocks) against numerical derivatives, in float64."""
+    """The hand-written backward (one block, or overlap-save blocks), for a kernel given as its time-domain layout
+    or as its spectrum, against numerical derivatives in float64."""
     x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
-    layout = torch.randn(3, fft_len, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, k: fft_convolve(a, kernel_rfft(k).t(), fft_len, step, offset),
-                                    (x, layout), fast_mode=True)
-    spectrum = torch.fft.rfft(layout.detach(), dim=-1).t().contiguous().requires_grad_()  # a complex input
+    layout = torch.randn(fft_len, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, k: fft_convolve(a, k, fft_len, step, offset), (x, layout),
+                                    fast_mode=True)
+    spectrum = torch.fft.rfft(layout.detach(), dim=0).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, k: fft_convolve(a, k, fft_len, step, offset), (x, spectrum),
                                     fast_mode=True)
+    torch.testing.assert_close(fft_convolve(x, layout, fft_len, step, offset),
+                               fft_convolve(x, spectrum, fft_len, step, offset), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("causal", [True, False])
