@@ -128,7 +128,8 @@ class _BlockConvolution(torch.autograd.Function):
         n, fft_len, step, offset, chunk, kernel_shape, spectral = ctx.geometry
         b, _, c = grad.shape
         chunks = -(-c // chunk)
-        kernel_spectra, input_spectra = ctx.saved_tensors[:chunks], ctx.saved_tensors[chunks:]
+        saved = ctx.saved_tensors  # unpacked once: activation checkpointing allows no second unpacking
+        kernel_spectra, input_spectra = saved[:chunks], saved[chunks:]
         blocks = -(-n // step)
         need_x, need_kernel = ctx.needs_input_grad[:2]
         grad_x = grad.new_empty(b, n, c) if need_x else None
