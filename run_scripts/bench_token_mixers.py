@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from modeling_tnn import load_preset
+from modeling_tnn.mixer_base import fft_convolve, fft_length
 from modeling_tnn.modeling_tnn import TnnBlock, build_token_mixer
 
 CASES = [("dense", False), ("fd", False), ("ski", False), ("dense", True), ("fd", True)]
@@ -33,11 +34,14 @@ def config_for(mixer: str, causal: bool, channels: int):
 def make_step(kind: str, mixer: str, causal: bool, n: int, batch: int, channels: int):
     """A closure running one forward + backward of the measured module."""
     if kind == "floor":
+        # What any FFT mixer pays at least: rfft + irfft of the input at the dense FFT size, forward and backward
+        # (the convolution with a unit impulse, through the same code path as the mixers, no kernel gradient).
         x = torch.randn(batch, n, channels, requires_grad=True)
+        fft_len = fft_length(n)
+        impulse = torch.ones(fft_len // 2 + 1, channels, dtype=torch.complex64)
 
         def step():
-            y = torch.fft.irfft(torch.fft.rfft(x, n=2 * n, dim=1), n=2 * n, dim=1)[:, :n]
-            y.sum().backward()
+            fft_convolve(x, impulse, fft_len).sum().backward()
         return step
     config = config_for(mixer, causal, channels)
     if kind == "mixer":
@@ -97,6 +101,47 @@ def ratio_table(results: list[dict], lengths: list[int], batches: list[int]) -> 
     return "\n".join(lines)
 
 
+def targets(results: list[dict], lengths: list[int], batches: list[int]) -> list[dict]:
+    """The issue's targets, each checked at every level and batch measured: SKI vs dense (bidirectional) at
+    n = 8192 (3x) and 16384 (4x), SKI's time growth from 4096 to 16384 (at most 5x), FD vs dense of the same
+    direction at every n (bidirectional 1.25x, causal 1x)."""
+    checks = []
+
+    def ratio(kind, batch, n, mixer, causal):
+        return lookup(results, kind=kind, mixer="dense", causal=causal, n=n, batch=batch) / lookup(
+            results, kind=kind, mixer=mixer, causal=causal, n=n, batch=batch)
+
+    for kind in ("mixer", "block"):
+        for batch in batches:
+            where = dict(level=kind, batch=batch)
+            for n, goal in ((8192, 3.0), (16384, 4.0)):
+                if n in lengths:
+                    value = ratio(kind, batch, n, "ski", False)
+                    checks.append(dict(where, target=f"SKI vs dense at n={n} >= {goal}x", value=value,
+                                       met=value >= goal))
+            if {4096, 16384} <= set(lengths):
+                value = lookup(results, kind=kind, mixer="ski", causal=False, n=16384, batch=batch) / lookup(
+                    results, kind=kind, mixer="ski", causal=False, n=4096, batch=batch)
+                checks.append(dict(where, target="SKI t(16384)/t(4096) <= 5", value=value, met=value <= 5))
+            for causal, goal in ((False, 1.25), (True, 1.0)):
+                values = {n: ratio(kind, batch, n, "fd", causal) for n in lengths}
+                worst = min(values, key=values.get)
+                checks.append(dict(where, target=f"FD {'causal' if causal else 'bidirectional'} vs dense >= "
+                                                 f"{goal}x at every n", value=values[worst], worst_n=worst,
+                                   missed_at=[n for n, v in values.items() if v < goal],
+                                   met=all(v >= goal for v in values.values())))
+    return checks
+
+
+def targets_table(checks: list[dict]) -> str:
+    lines = ["| target | level | batch | value | met |", "|---|---|---|---|---|"]
+    for c in checks:
+        detail = f" (worst at n={c['worst_n']}; below at n={c['missed_at']})" if c.get("missed_at") else ""
+        lines.append(f"| {c['target']} | {c['level']} | {c['batch']} | {c['value']:.2f}{detail} | "
+                     f"{'yes' if c['met'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path) -> None:
     import matplotlib
 
@@ -150,12 +195,18 @@ def main() -> None:
     meta = dict(command="python run_scripts/bench_token_mixers.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if v is not None), torch=torch.__version__,
         threads=torch.get_num_threads(), channels=args.channels, rounds=args.rounds)
-    (out / "results.json").write_text(json.dumps(dict(meta=meta, ski_growth=growth, results=results), indent=1))
+    checks = targets(results, lengths, batches)
+    (out / "results.json").write_text(json.dumps(dict(meta=meta, ski_growth=growth, targets=checks,
+                                                      results=results), indent=1))
     (out / "table.md").write_text(
-        "Speed-up over dense of the same direction (median forward + backward, higher is faster).\n\n"
-        + table + "\n")
+        f"`{meta['command']}` (torch {meta['torch']}, {meta['threads']} thread(s), median of {args.rounds} "
+        "interleaved rounds)\n\n"
+        "Speed-up over dense of the same direction (median forward + backward, higher is faster). The floor is "
+        "rfft + irfft of the input at the dense FFT size, forward and backward.\n\n"
+        + table + "\n\nTargets:\n\n" + targets_table(checks) + "\n")
     plot(results, lengths, batches, out / "times.png")
     print(table)
+    print(targets_table(checks))
     print("SKI time growth t(16384)/t(4096):", {k: round(v, 2) for k, v in growth.items()})
     print(f"wrote {out}/results.json, table.md, times.png")
 
