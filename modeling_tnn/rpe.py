@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 
 class SimpleRMSNorm(nn.Module):
@@ -24,7 +25,10 @@ class Rpe(nn.Module):
 
     ``Linear(1, r)``, then ``layers`` x ``[SimpleRMSNorm, ReLU, Linear(r, r)]``, then
     ``[SimpleRMSNorm, ReLU, Linear(r, out_dim)]``. It always computes in at least float32: its inputs are raw
-    integer lags up to the sequence length, which half precision cannot represent.
+    integer lags up to the sequence length, which half precision cannot represent. Every Linear runs through its
+    module (``layer(x)``), so hooks and adapters (peft LoRA on ``"all-linear"``) see it; autocast is disabled and,
+    when a layer's parameters are in half precision (a model cast with ``.to(torch.bfloat16)``), the layer runs with
+    float32 copies of them (``torch.func.functional_call``; gradients flow back to the half-precision parameters).
     """
 
     def __init__(self, dim: int, layers: int, out_dim: int):
@@ -44,5 +48,11 @@ class Rpe(nn.Module):
             return self._linear(self.out_proj, F.relu(self.norm(z)), dtype)
 
     @staticmethod
-    def _linear(layer: nn.Linear, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return F.linear(x, layer.weight.to(dtype), layer.bias.to(dtype))
+    def _linear(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``layer(x)`` computed in ``dtype``: directly when its parameters already are in ``dtype`` (a float32
+        model, or bfloat16 under autocast), else with its floating parameters cast to ``dtype`` for the call."""
+        params = dict(layer.named_parameters())
+        if all(p.dtype == dtype or not p.is_floating_point() for p in params.values()):
+            return layer(x)
+        upcast = {name: p.to(dtype) if p.is_floating_point() else p for name, p in params.items()}
+        return functional_call(layer, upcast, (x,))
