@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
+import math
+from collections.abc import Iterator
+from typing import Any
 
 from transformers import PretrainedConfig
 
 TOKEN_MIXERS = ("dense", "fd", "ski")
+# The fields validate_fields checks: assigning one of them re-validates the config (see TnnConfig.__setattr__).
+VALIDATED_FIELDS = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "gtu_expand_ratio", "glu_expand_ratio", "rpe_dim",
+    "rpe_layers", "decay_gamma", "token_mixer", "causal", "ski_rank", "ski_kernel_size", "fd_kernel_length",
+    "etsc_length", "generation_cache", "dropout", "initializer_range",
+})
+# Set while a batch of assignments is applied (from_dict's kwargs, update): the batch is validated as a whole once
+# it is complete, so that an order such as token_mixer="ski" before causal=False is not refused half-way.
+_VALIDATION_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("tnn_validation_deferred", default=False)
+
+
+@contextlib.contextmanager
+def _validation_deferred() -> Iterator[None]:
+    token = _VALIDATION_DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _VALIDATION_DEFERRED.reset(token)
+
+
+def _is_number(value: Any) -> bool:
+    """A finite real number (``bool`` excluded: ``dropout=True`` is a mistake, not 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 GENERATION_CACHE_MODES = ("etsc", "exact")
 
 
@@ -96,6 +124,59 @@ class TnnConfig(PretrainedConfig):
         self.validate_fields()  # before the base class, whose own checks would raise a less helpful error
         super().__init__(**kwargs)
 
+    # -- validation on every path that changes a field --------------------------------------------------------------
+    # transformers applies extra ``from_pretrained``/``from_dict`` kwargs with setattr AFTER __init__, and
+    # ``update``/``update_from_string`` and plain assignment skip __init__ altogether: each of them validates too.
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key not in VALIDATED_FIELDS or _VALIDATION_DEFERRED.get() or not self._fields_complete():
+            super().__setattr__(key, value)
+            return
+        before = dict(self.__dict__)
+        super().__setattr__(key, value)
+        self._validate_or_restore(before)
+
+    def _fields_complete(self) -> bool:
+        # False while __init__ assigns the fields one by one (it validates them all once they are set).
+        fields = self.__dict__
+        return all(name in fields for name in VALIDATED_FIELDS)
+
+    def _validate_or_restore(self, before: dict[str, Any]) -> None:
+        """Validate; on failure put every attribute back as it was in ``before`` and re-raise."""
+        try:
+            self.validate_fields()
+        except ValueError:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> "TnnConfig" | tuple["TnnConfig", dict]:
+        """:meth:`PretrainedConfig.from_dict`, validating the config once the extra ``kwargs`` are applied (this is
+        the path of ``from_pretrained(folder, decay_gamma=...)`` and ``AutoConfig.from_pretrained``)."""
+        with _validation_deferred():
+            result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate_fields()
+        return result
+
+    def update(self, config_dict: dict[str, Any]) -> None:
+        """Set the attributes in ``config_dict``; all or nothing: a bad value raises and leaves the config as it was."""
+        before = dict(self.__dict__)
+        with _validation_deferred():
+            super().update(config_dict)
+        self._validate_or_restore(before)
+
+    def update_from_string(self, update_str: str) -> None:
+        """:meth:`PretrainedConfig.update_from_string` (``"k=v,k2=v2"``), validated like :meth:`update`."""
+        before = dict(self.__dict__)
+        try:
+            with _validation_deferred():
+                super().update_from_string(update_str)
+        except ValueError:  # a malformed string or an unknown key, after some keys may have been set
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+        self._validate_or_restore(before)
+
     # -- validation -------------------------------------------------------------------------------------------
     def validate_fields(self) -> None:
         """Raise ``ValueError`` naming the first field whose value is not allowed."""
@@ -108,21 +189,25 @@ class TnnConfig(PretrainedConfig):
             raise ValueError(f"TnnConfig.rpe_layers must be a non-negative integer, got {self.rpe_layers!r}.")
         for name in ("gtu_expand_ratio", "glu_expand_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or int(value * self.hidden_size) < 1:
+            if not _is_number(value) or int(value * self.hidden_size) < 1:
                 raise ValueError(
                     f"TnnConfig.{name} must be a positive number with {name} * hidden_size >= 1, got {value!r}."
                 )
         if self.token_mixer not in TOKEN_MIXERS:
             raise ValueError(f"TnnConfig.token_mixer must be one of {TOKEN_MIXERS}, got {self.token_mixer!r}.")
-        if not isinstance(self.decay_gamma, (int, float)) or not 0 < self.decay_gamma <= 1:
+        if not _is_number(self.decay_gamma) or not 0 < self.decay_gamma <= 1:
             raise ValueError(f"TnnConfig.decay_gamma must lie in (0, 1], got {self.decay_gamma!r}.")
         if self.ski_kernel_size % 2 == 0:
             raise ValueError(f"TnnConfig.ski_kernel_size must be odd (a centred band), got {self.ski_kernel_size}.")
         if self.ski_rank < 2:
             raise ValueError(f"TnnConfig.ski_rank must be at least 2 (inducing points), got {self.ski_rank}.")
-        if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+        if not _is_number(self.dropout) or not 0 <= self.dropout < 1:
             raise ValueError(f"TnnConfig.dropout must lie in [0, 1), got {self.dropout!r}.")
-        if self.causal not in (None, True, False):
+        if not _is_number(self.initializer_range) or self.initializer_range < 0:
+            raise ValueError(
+                f"TnnConfig.initializer_range must be a non-negative number, got {self.initializer_range!r}."
+            )
+        if not (self.causal is None or isinstance(self.causal, bool)):
             raise ValueError(f"TnnConfig.causal must be None, True or False, got {self.causal!r}.")
         if self.generation_cache not in GENERATION_CACHE_MODES:
             raise ValueError(
@@ -145,19 +230,20 @@ class TnnConfig(PretrainedConfig):
         Raises ``ValueError`` when an explicit ``causal`` contradicts the head (for example a masked LM with
         ``causal=True``) or when SKI is asked to be causal.
         """
-        config = self
-        if self.causal is None:
-            config = copy.deepcopy(self)
-            config.causal = default
-        if config.causal not in allowed:
+        causal = default if self.causal is None else self.causal
+        if causal not in allowed:
             allowed_text = " or ".join(str(v) for v in allowed)
             raise ValueError(
-                f"TnnConfig.causal={config.causal} contradicts {head}, which needs causal={allowed_text} "
+                f"TnnConfig.causal={causal} contradicts {head}, which needs causal={allowed_text} "
                 "(or causal=None to let the class decide)."
             )
-        if config.causal and config.token_mixer == "ski":
-            raise ValueError(config._causal_ski_message() + f" (building {head})")
-        return config
+        if causal and self.token_mixer == "ski":  # checked before assigning, which would raise without the head
+            raise ValueError(self._causal_ski_message() + f" (building {head})")
+        if self.causal is None:
+            config = copy.deepcopy(self)
+            config.causal = causal
+            return config
+        return self
 
     # -- derived sizes ---------------------------------------------------------------------------------------------
     @property

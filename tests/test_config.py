@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import os
+import pickle
 import subprocess
 import sys
+import textwrap
 import zipfile
 
 import pytest
@@ -12,6 +16,7 @@ from modeling_tnn import (TnnConfig, TnnForCausalLM, TnnForMaskedLM, TnnForSeque
                           list_presets, load_preset)
 
 from conftest import PROJECT_ROOT, tiny_config
+from remote_code import BLOCK_PACKAGE_PREAMBLE
 
 
 @pytest.mark.parametrize(
@@ -107,3 +112,150 @@ def test_presets_ship_in_the_wheel(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for preset in list_presets():
         assert f"modeling_tnn/presets/{preset}.json" in names
+
+
+# -- validation on every path that builds or changes a config ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_lm(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("saved_lm")
+    TnnForCausalLM(tiny_config()).save_pretrained(folder)
+    return folder
+
+
+# (field, bad value, message fragment): the message names the field and the allowed values.
+BAD_FIELDS = [
+    ("decay_gamma", 2.0, r"TnnConfig.decay_gamma must lie in \(0, 1\], got 2.0"),
+    ("hidden_size", -5, r"TnnConfig.hidden_size must be a positive integer, got -5"),
+    ("dropout", 1.0, r"TnnConfig.dropout must lie in \[0, 1\), got 1.0"),
+    ("generation_cache", "bogus", r"TnnConfig.generation_cache must be one of \(.*'etsc', 'exact'\), got 'bogus'"),
+    ("token_mixer", "attention", r"TnnConfig.token_mixer must be one of \('dense', 'fd', 'ski'\)"),
+]
+
+
+def _from_pretrained_model(folder, **kwargs):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+
+
+def _auto_config(folder, **kwargs):
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(folder, **kwargs)
+
+
+def _assign(folder, **kwargs):
+    config = TnnConfig.from_pretrained(folder)
+    for key, value in kwargs.items():
+        setattr(config, key, value)
+
+
+def _update(folder, **kwargs):
+    TnnConfig.from_pretrained(folder).update(kwargs)
+
+
+def _update_from_string(folder, **kwargs):
+    TnnConfig.from_pretrained(folder).update_from_string(",".join(f"{k}={v}" for k, v in kwargs.items()))
+
+
+PATHS = {
+    "AutoModelForCausalLM.from_pretrained": _from_pretrained_model,
+    "AutoConfig.from_pretrained": _auto_config,
+    "TnnConfig.from_pretrained": lambda folder, **kwargs: TnnConfig.from_pretrained(folder, **kwargs),
+    "TnnConfig.from_dict-kwargs": lambda folder, **kwargs: TnnConfig.from_dict(tiny_config().to_dict(), **kwargs),
+    "TnnConfig.from_dict-dict": lambda folder, **kwargs: TnnConfig.from_dict({**tiny_config().to_dict(), **kwargs}),
+    "TnnConfig": lambda folder, **kwargs: TnnConfig(**kwargs),
+    "load_preset": lambda folder, **kwargs: load_preset("tiny", **kwargs),
+    "setattr": _assign,
+    "update": _update,
+    "update_from_string": _update_from_string,
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("field, value, message", BAD_FIELDS, ids=[f"{f}={v}" for f, v, _ in BAD_FIELDS])
+def test_every_config_path_validates(saved_lm, path, field, value, message):
+    if path == "update_from_string" and field == "hidden_size":
+        value = -5  # update_from_string parses "hidden_size=-5" as an int
+    with pytest.raises(ValueError, match=message):
+        PATHS[path](saved_lm, **{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("dropout", True), ("decay_gamma", float("nan")),
+                                          ("gtu_expand_ratio", float("nan")), ("glu_expand_ratio", float("inf")),
+                                          ("dropout", -0.1), ("initializer_range", -1.0), ("causal", 1),
+                                          ("hidden_size", 2.0), ("rpe_layers", -1)])
+def test_odd_values_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"TnnConfig.{field} must"):
+        TnnConfig(**{field: value})
+    config = TnnConfig()
+    with pytest.raises(ValueError, match=f"TnnConfig.{field} must"):
+        setattr(config, field, value)
+
+
+def test_a_refused_assignment_or_update_leaves_the_config_unchanged():
+    config = tiny_config()
+    before = config.to_dict()
+    with pytest.raises(ValueError, match="dropout"):
+        config.dropout = 1.0
+    with pytest.raises(ValueError, match="decay_gamma"):
+        config.update({"hidden_size": 64, "decay_gamma": 3.0})  # all or nothing: hidden_size is not kept either
+    with pytest.raises(ValueError, match="ski_kernel_size"):
+        config.update_from_string("rpe_dim=8,ski_kernel_size=4")
+    assert config.to_dict() == before
+    config.dropout = 0.25  # a good value is still accepted
+    assert config.dropout == 0.25
+
+
+def test_a_batch_is_validated_as_a_whole(saved_lm):
+    # token_mixer="ski" alone would be a causal SKI model; with causal=False in the same batch it is valid.
+    assert _auto_config(saved_lm, token_mixer="ski", causal=False).token_mixer == "ski"
+    config = TnnConfig.from_pretrained(saved_lm)
+    assert config.causal is True
+    config.update({"token_mixer": "ski", "causal": False})
+    assert (config.token_mixer, config.causal) == ("ski", False)
+    config = TnnConfig.from_pretrained(saved_lm)
+    with pytest.raises(ValueError, match="'fd' or 'dense'"):
+        config.token_mixer = "ski"  # one assignment at a time: causal SKI is refused, with advice
+    assert config.token_mixer == "dense"
+
+
+def test_good_kwargs_and_transformers_own_assignments_still_work(saved_lm):
+    from transformers import AutoModelForSequenceClassification
+
+    model = _from_pretrained_model(saved_lm, decay_gamma=0.9, generation_cache="exact")
+    assert (model.config.decay_gamma, model.config.generation_cache) == (0.9, "exact")
+    model.resize_token_embeddings(200)  # transformers sets config.vocab_size
+    assert model.config.vocab_size == 200
+    classifier = AutoModelForSequenceClassification.from_pretrained(saved_lm, num_labels=3)
+    assert classifier.config.num_labels == 3
+    copied = copy.deepcopy(classifier.config)
+    assert pickle.loads(pickle.dumps(copied)).to_dict() == classifier.config.to_dict()
+
+
+REMOTE_VALIDATION = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    folder = {folder!r}
+    for load, kwargs, fragment in [
+            (AutoConfig.from_pretrained, dict(hidden_size=-5), "TnnConfig.hidden_size must be a positive integer"),
+            (AutoModelForCausalLM.from_pretrained, dict(decay_gamma=2.0), "TnnConfig.decay_gamma must lie in"),
+            (AutoModelForCausalLM.from_pretrained, dict(generation_cache="bogus"), "generation_cache must be one of")]:
+        try:
+            load(folder, trust_remote_code=True, **kwargs)
+            raise SystemExit(f"accepted {{kwargs}}")
+        except ValueError as error:
+            assert fragment in str(error), error
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    try:
+        model(torch.zeros(1, 0, dtype=torch.long))
+        raise SystemExit("accepted an empty sequence")
+    except ValueError as error:  # input_validation.py was copied beside the weights and runs as remote code
+        assert "input_ids has no tokens" in str(error), error
+    print("ok")
+""")
+
+
+def test_remote_code_validates_configs_and_inputs(saved_lm, tmp_path):
+    script = REMOTE_VALIDATION.format(root=str(PROJECT_ROOT), folder=str(saved_lm))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
