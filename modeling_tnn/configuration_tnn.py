@@ -12,6 +12,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 TOKEN_MIXERS = ("dense", "fd", "ski")
+GENERATION_CACHE_MODES = ("auto", "etsc", "exact")
 # The fields validate_fields checks: assigning one of them re-validates the config (see TnnConfig.__setattr__).
 VALIDATED_FIELDS = frozenset({
     "vocab_size", "hidden_size", "num_hidden_layers", "gtu_expand_ratio", "glu_expand_ratio", "rpe_dim",
@@ -35,7 +36,6 @@ def _validation_deferred() -> Iterator[None]:
 def _is_number(value: Any) -> bool:
     """A finite real number (``bool`` excluded: ``dropout=True`` is a mistake, not 1)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-GENERATION_CACHE_MODES = ("etsc", "exact")
 
 
 class TnnConfig(PretrainedConfig):
@@ -63,8 +63,12 @@ class TnnConfig(PretrainedConfig):
         fd_kernel_length: FD samples its RPE on the rfft grid of FFT size ``2 * fd_kernel_length``, so its kernel
             has a fixed support of ``fd_kernel_length`` lags whatever the input length (the receptive field).
         etsc_length: Length ``L`` of the ETSC Toeplitz-to-SSM conversion (the number of SSM modes).
-        generation_cache: ``"etsc"`` (constant time and memory per token, exact up to ``etsc_length`` tokens) or
-            ``"exact"`` (exact at every length: a ring buffer for FD, the mixer-input history for dense).
+        generation_cache: How ``generate`` decodes. ``"auto"`` (default): exact in constant memory wherever the
+            kernel allows it (FD's finite support; dense with ``decay_gamma < 1``, whose tail falls below float32
+            resolution after a computable number of lags), ETSC otherwise (dense with ``decay_gamma == 1``).
+            ``"etsc"``: the diagonal SSM of the ETSC conversion (constant time and memory per token; exact at every
+            length for a decaying dense kernel, exact up to ``etsc_length`` tokens otherwise). ``"exact"``: a window of
+            past mixer inputs over the kernel's support (the whole history for dense with ``decay_gamma == 1``).
         dropout: Dropout on the embeddings and on each residual branch.
         initializer_range: Standard deviation of the classification heads' initialisation.
     """
@@ -89,7 +93,7 @@ class TnnConfig(PretrainedConfig):
         ski_kernel_size: int = 17,
         fd_kernel_length: int = 512,
         etsc_length: int = 512,
-        generation_cache: str = "etsc",
+        generation_cache: str = "auto",
         dropout: float = 0.1,
         initializer_range: float = 0.02,
         pad_token_id: int | None = None,

@@ -201,6 +201,13 @@ def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int 
     return _BlockConvolution.apply(x.contiguous(), kernel, fft_len, step, offset)
 
 
+def _in_fake_mode() -> bool:
+    """True while tracing with fake tensors (torch.export's non-strict mode, FakeTensorMode)."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode() is not None
+
+
 class TokenMixer(nn.Module):
     """Mixes a sequence along its length, per channel: ``y[:, i, c] = sum_j T_c[i, j] x[:, j, c]``.
 
@@ -228,8 +235,6 @@ class TokenMixer(nn.Module):
         raise NotImplementedError
 
     # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------
-    #: Number of past inputs the exact decoding mode must keep: the kernel's support, or None when unbounded.
-    decode_window: int | None = None
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         """The causal kernel ``t_0 .. t_{n-1}`` (n, channels) the parallel path applies."""
@@ -240,6 +245,15 @@ class TokenMixer(nn.Module):
         (the decay is folded into the SSM's eigenvalues, which is exact)."""
         raise NotImplementedError(f"{type(self).__name__} has no causal recurrent form.")
 
+    def ssm_kernel_decay(self) -> float:
+        """The ``gamma`` :meth:`ssm_kernel` folds into the eigenvalues (1: the kernel does not decay)."""
+        return 1.0
+
+    def kernel_support(self, device: torch.device) -> int | None:
+        """Number of causal taps that reach an output to float32 resolution (lags beyond contribute nothing a
+        float32 model can see), or None when the kernel has no such bound. Decoding keeps that many past inputs."""
+        return None
+
     # -- eval-mode memoisation -----------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "TokenMixer":
         self._eval_cache.clear()
@@ -249,7 +263,9 @@ class TokenMixer(nn.Module):
         return tuple((p._version, p.data_ptr(), p.device, p.dtype) for p in self.parameters())
 
     def _memoising(self) -> bool:
-        return not (self.training or torch.is_grad_enabled())
+        # Under torch.compile / torch.export parameters are fake tensors (no storage to key on): trace the maths.
+        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting() or _in_fake_mode()
+        return not (self.training or torch.is_grad_enabled() or tracing)
 
     def convolution_kernel(self, key: Hashable, layout: Callable[[], torch.Tensor],
                            spectrum: Callable[[], torch.Tensor]) -> torch.Tensor:

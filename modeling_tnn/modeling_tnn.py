@@ -20,6 +20,7 @@ from transformers.modeling_outputs import (
 
 from .configuration_tnn import TnnConfig
 from .etsc_cache import TnnCache, mix_with_cache
+from .input_validation import validate_model_inputs
 from .mixer_base import TokenMixer
 from .rpe import SimpleRMSNorm
 from .tno_dense import DenseTno
@@ -156,17 +157,6 @@ class TnnPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 
-def _check_attention_mask(attention_mask: torch.Tensor | None, input_shape: torch.Size) -> torch.Tensor | None:
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() != 2 or attention_mask.shape != input_shape:
-        raise ValueError(
-            f"attention_mask must be a 2-D (batch, sequence) padding mask of shape {tuple(input_shape)}, got shape "
-            f"{tuple(attention_mask.shape)}."
-        )
-    return attention_mask
-
-
 class TnnModel(TnnPreTrainedModel):
     """The TNN backbone: scaled token embeddings (no positional embeddings), TNN blocks, a final LayerNorm."""
 
@@ -209,8 +199,10 @@ class TnnModel(TnnPreTrainedModel):
         ``generation_cache`` mode (``"etsc"`` or ``"exact"``; default ``config.generation_cache``); passing that
         cache back makes the next call continue the sequence in constant time per token.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        validate_model_inputs(input_ids, attention_mask, inputs_embeds,
+                              vocab_size=getattr(self.embeddings, "num_embeddings", self.config.vocab_size),
+                              hidden_size=self.config.hidden_size,
+                              continues_cache=cache is not None or past_key_values is not None)
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
@@ -221,11 +213,13 @@ class TnnModel(TnnPreTrainedModel):
         length = inputs_embeds.shape[1]
         if attention_mask is not None and attention_mask.dim() == 2 and cache is not None:
             attention_mask = attention_mask[:, -length:]
-        attention_mask = _check_attention_mask(attention_mask, inputs_embeds.shape[:2])
-        if cache is None and use_cache and not (self.training and torch.is_grad_enabled()):
-            cache = TnnCache(self.config, mode=generation_cache) if self.config.causal else None
         if cache is not None and not self.config.causal:
             raise ValueError("A bidirectional TNN (causal=False) cannot decode with a cache; pass use_cache=False.")
+        # As transformers' recurrent models: a causal model returns its decoding state unless told not to (or
+        # training), so that any forward can be continued.
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if cache is None and use_cache and self.config.causal and not (self.training and torch.is_grad_enabled()):
+            cache = TnnCache(self.config, mode=generation_cache)
 
         hidden_states = self.dropout(inputs_embeds * self.embed_scale)
         all_hidden_states = () if output_hidden_states else None
@@ -237,7 +231,7 @@ class TnnModel(TnnPreTrainedModel):
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
         if cache is not None:
-            cache._seen_tokens += length
+            cache.advance(length)
 
         output = BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden_states,
                                          **{CACHE_FIELD: cache})
@@ -310,14 +304,25 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
                                         **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
         return output if return_dict else output.to_tuple()
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, attention_mask=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, attention_mask=None,
+                                      inputs_embeds=None, **kwargs):
+        """Feed the model only the tokens its cache has not seen: transformers slices a continued prompt only for
+        caches with attention layers, and a TNN cache is all recurrent, so a ``generate`` continued from a returned
+        cache (full ``input_ids`` or ``inputs_embeds``) would otherwise feed the whole sequence into the filled
+        state."""
         cache = kwargs.pop("cache", None)
         if cache is None:
             cache = kwargs.pop("past_key_values", None)
-        if cache is None or not cache.has_previous_state():
+        seen = cache.get_seq_length() if isinstance(cache, TnnCache) else 0
+        if seen == 0:
             next_sequence_length = None  # no recurrent state yet: the whole prefix goes through the FFT path
+        else:
+            total = inputs_embeds.shape[1] if inputs_embeds is not None and kwargs.get("is_first_iteration") \
+                else input_ids.shape[1]
+            if next_sequence_length is None and total > seen:
+                next_sequence_length = total - seen  # a continued prompt: only what the cache has not seen
         model_inputs = super().prepare_inputs_for_generation(
-            input_ids, next_sequence_length=next_sequence_length, attention_mask=None,
+            input_ids, next_sequence_length=next_sequence_length, attention_mask=None, inputs_embeds=inputs_embeds,
             **{_GENERATION_CACHE_KWARG: cache}, **kwargs
         )
         # Keep the 2-D padding mask (or none): transformers may build 4-D/dict attention masks in its place.
@@ -441,7 +446,7 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
         embeds_shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = (input_ids if input_ids is not None else inputs_embeds).device
         mask = self._padding_mask(input_ids, attention_mask, embeds_shape, device)
-        outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds,
+        outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
                              output_hidden_states=output_hidden_states, return_dict=True)
         pooled = self.pool(outputs.last_hidden_state, mask)
         logits = self.score(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))

@@ -3,12 +3,19 @@ applied by FFT in O(n log n)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
 from .mixer_base import TokenMixer, fft_convolve, fft_length
 from .rpe import Rpe
+
+# float32's unit roundoff: kernel taps below it relative to the kernel's peak change no float32 output.
+FLOAT32_RESOLUTION = 2.0**-24
+# Longest support decoding keeps as a window or an exact SSM (per layer: that many inputs per channel).
+MAX_SUPPORT = 16384
 
 
 class DenseTno(TokenMixer):
@@ -64,3 +71,34 @@ class DenseTno(TokenMixer):
 
     def ssm_kernel(self, length: int, device: torch.device) -> tuple[torch.Tensor, float]:
         return self.rpe_values(torch.arange(length, device=device)), self.gamma
+
+    def ssm_kernel_decay(self) -> float:
+        return self.gamma
+
+    def kernel_support(self, device: torch.device) -> int | None:
+        """The lag after which ``|RPE(k)| gamma**k`` stays below float32 resolution relative to the kernel's peak
+        (None for ``gamma == 1``, or when that takes more than ``MAX_SUPPORT`` lags).
+
+        ``gamma**k`` alone falls below float32's unit roundoff after ``log(eps) / log(gamma)`` lags (1,654 for 0.99).
+        The RPE is bounded (its first stage normalises the lag's embedding, so it converges as the lag grows): its
+        supremum over all later lags, read off dense lags up to twice that horizon and a geometric probe out to
+        1e9, bounds the tail.
+        """
+        if self.gamma >= 1:
+            return None
+        return self.cached(("support", device), lambda: self._kernel_support(device))
+
+    def _kernel_support(self, device: torch.device) -> int | None:
+        horizon = math.ceil(math.log(FLOAT32_RESOLUTION) / math.log(self.gamma))
+        if horizon > MAX_SUPPORT:
+            return None
+        dense = torch.arange(2 * horizon, device=device, dtype=torch.float64)
+        probe = torch.logspace(math.log10(2 * horizon), 9, 64, device=device, dtype=torch.float64)
+        with torch.no_grad():
+            magnitude = self.rpe_values(torch.cat([dense, probe])).abs().amax(dim=1).to(torch.float64)
+        far = magnitude[2 * horizon:].max()
+        bound = torch.maximum(magnitude[: 2 * horizon].flip(0).cummax(0).values.flip(0), far)  # sup over k' >= k
+        decay = self.gamma ** dense
+        peak = (magnitude[: 2 * horizon] * decay).max()
+        below = (bound * decay <= FLOAT32_RESOLUTION * peak).nonzero()
+        return int(below[0]) if len(below) else None

@@ -42,7 +42,6 @@ class FdTno(TokenMixer):
     def __init__(self, config: TnnConfig, channels: int):
         super().__init__(channels, causal=bool(config.causal))
         self.grid = 2 * config.fd_kernel_length
-        self.decode_window = self.grid // 2 + 1  # the causal kernel's support: a ring buffer decodes exactly
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels if self.causal else 2 * channels)
 
     def frequencies(self, device: torch.device) -> torch.Tensor:
@@ -120,3 +119,6 @@ class FdTno(TokenMixer):
 
     def ssm_kernel(self, length: int, device: torch.device) -> tuple[torch.Tensor, float]:
         return self.causal_taps(length, device), 1.0
+
+    def kernel_support(self, device: torch.device) -> int:
+        return self.grid // 2 + 1  # the causal kernel's lags 0 .. grid/2: a window of inputs decodes exactly
