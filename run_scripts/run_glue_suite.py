@@ -27,7 +27,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from glue_data import TASK_NAMES, available_splits, get_task, load_glue_local, majority_baseline  # noqa: E402
+from glue_data import (  # noqa: E402
+    TASK_NAMES,
+    UsageError,
+    available_splits,
+    check_local_source,
+    get_task,
+    load_glue_local,
+    majority_baseline,
+)
 
 HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parent
@@ -62,12 +70,13 @@ def select_tasks(requested: str | None, glue_dir: str) -> tuple[list[str], dict[
 
 
 def parse_pairs(values: list[str], what: str) -> dict[str, str]:
-    """``["a=x", "b=y"]`` -> ``{"a": "x", "b": "y"}``; raises ``ValueError`` on an item without ``=``."""
+    """``["a=x", "b=y"]`` -> ``{"a": "x", "b": "y"}``; raises :class:`UsageError` (a ``ValueError``) on an item
+    without ``=``."""
     pairs = {}
     for value in values:
         key, sep, rest = value.partition("=")
         if not sep or not key:
-            raise ValueError(f"{what} must look like NAME=VALUE, got {value!r}.")
+            raise UsageError(f"{what} must look like NAME=VALUE, got {value!r}.")
         pairs[key] = rest
     return pairs
 
@@ -140,24 +149,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dry_run", action="store_true", help="print the commands and stop")
     args = parser.parse_args(argv)
 
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}.")
     models = parse_pairs(args.model, "--model")
-    task_args = {get_task(k).name: v for k, v in parse_pairs(args.task_args, "--task_args").items()}
-    tasks, skipped = select_tasks(args.tasks, args.glue_dir)
+    for model_name, checkpoint in models.items():  # a mistyped folder: one line now, not a Hub error per run
+        check_local_source(checkpoint, f"--model {model_name}=")
+    try:
+        task_args = {get_task(k).name: v for k, v in parse_pairs(args.task_args, "--task_args").items()}
+        requested = [get_task(name).name for name in args.tasks.split(",")] if args.tasks else None
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if not Path(args.glue_dir).is_dir():
+        raise UsageError(f"--glue_dir {args.glue_dir!r}: no such folder.")
+    tasks, skipped = select_tasks(",".join(requested) if requested else None, args.glue_dir)
     if not tasks:
-        raise ValueError(f"No GLUE task with train and dev files under {args.glue_dir}: {skipped}")
+        raise UsageError(f"No GLUE task with train and dev files under {args.glue_dir}: {skipped}")
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}")
     results_dir = Path(args.results_dir or args.output_dir)
     eval_limit = ["--max_eval_samples", str(args.max_eval_samples)] if args.max_eval_samples else []
 
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be at least 1, got {args.jobs}.")
     report: dict = {"glue_dir": args.glue_dir, "tasks": tasks, "skipped": skipped, "models": models,
                     "jobs": args.jobs, "threads": args.threads,
                     "common_args": passthrough, "task_args": task_args, "results": {}, "wall_seconds": {},
                     "commands": {}, "majority_baseline": {}}
     for task_name in tasks:
-        data = load_glue_local(task_name, args.glue_dir)
+        try:  # a header without the task's columns, an empty file: one line naming the file
+            data = load_glue_local(task_name, args.glue_dir)
+        except (ValueError, FileNotFoundError) as error:
+            raise UsageError(str(error)) from None
         baseline = {}
         for split in get_task(task_name).eval_splits:
             suffix = "_mm" if split == "validation_mismatched" else ""
@@ -220,5 +240,14 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+def cli(argv: list[str] | None = None) -> None:
+    """Entry point: an input error prints one ``run_glue_suite.py: error: ...`` line and exits with status 2."""
+    try:
+        main(argv)
+    except UsageError as error:
+        print(f"run_glue_suite.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    main()
+    cli()

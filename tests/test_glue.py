@@ -337,3 +337,345 @@ def test_push_to_hub_goes_through_the_publishing_code(tmp_path, monkeypatch):
     assert (run_dir, repo_id, kwargs["private"]) == (str(tmp_path / "sst2-run"), "org/tnn-sst2", True)
     dataset = kwargs["options"].dataset
     assert (dataset.hub_id, dataset.config, dataset.split) == ("nyu-mll/glue", "sst2", "validation")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --do_predict: the GLUE submission files
+# ----------------------------------------------------------------------------------------------------------------
+# Headers of the official test files (every task has one, CoLA included; QQP's index column is "id").
+TEST_HEADERS = {
+    "cola": "index\tsentence", "sst2": "index\tsentence", "mrpc": "index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+    "qqp": "id\tquestion1\tquestion2",
+    "stsb": "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2",
+    "mnli": "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+            "sentence2_parse\tsentence1\tsentence2",
+    "qnli": "index\tquestion\tsentence", "rte": "index\tsentence1\tsentence2", "wnli": "index\tsentence1\tsentence2",
+}
+# What the GLUE submission expects: its file names and the label strings of each task.
+SUBMISSION = {"cola": ("CoLA.tsv", {"0", "1"}), "sst2": ("SST-2.tsv", {"0", "1"}), "mrpc": ("MRPC.tsv", {"0", "1"}),
+              "qqp": ("QQP.tsv", {"0", "1"}), "stsb": ("STS-B.tsv", None),
+              "qnli": ("QNLI.tsv", {"entailment", "not_entailment"}),
+              "rte": ("RTE.tsv", {"entailment", "not_entailment"}), "wnli": ("WNLI.tsv", {"0", "1"})}
+NLI3 = {"entailment", "neutral", "contradiction"}
+
+
+def _test_row(task: str, i: int, a: str, b: str) -> str:
+    if task in ("cola", "sst2"):
+        return f"{i}\t{a}"
+    if task == "mrpc":
+        return f"{i}\t{100 + i}\t{200 + i}\t{a}\t{b}"
+    if task == "stsb":
+        return f"{i}\tmain-captions\tMSRvid\t2012test\t{i:04d}\tnone\tnone\t{a}\t{b}"
+    if task == "mnli":
+        return f"{i}\t{i}\t{i}e\tfiction\t( {a} )\t( {b} )\t(ROOT {a})\t(ROOT {b})\t{a}\t{b}"
+    return f"{i}\t{a}\t{b}"
+
+
+def write_test_files(root: Path, task: str, rows: int = 6, ax: bool = True) -> Path:
+    """Write ``task``'s test file(s) (MNLI: matched, mismatched and, with ``ax``, the diagnostic set) under ``root``."""
+    names = {"mnli": ["MNLI/test_matched.tsv", "MNLI/test_mismatched.tsv"] + (["diagnostic/diagnostic.tsv"] if ax
+                                                                              else [])}
+    for name in names.get(task, [f"{FOLDERS[task]}/test.tsv"]):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = "index\tsentence1\tsentence2" if name.startswith("diagnostic") else TEST_HEADERS[task]
+        lines = [header] + [_test_row("rte" if name.startswith("diagnostic") else task, i, *PAIRS[i % 4])
+                            for i in range(rows)]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def read_submission(path: Path) -> list[list[str]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "index\tprediction", lines[0]
+    return [line.split("\t") for line in lines[1:]]
+
+
+@pytest.mark.parametrize("task", list(FOLDERS))
+def test_read_test_tsv_every_task(tmp_path, task):
+    write_test_files(tmp_path, task, rows=5)
+    spec = glue_data.get_task(task)
+    data = glue_data.load_glue_local(task, tmp_path, spec.test_splits)
+    assert list(data) == list(spec.test_splits)
+    for split in data.values():
+        assert split.column_names == [*spec.text_columns, "idx"]  # no label column
+        assert list(split["idx"]) == [0, 1, 2, 3, 4]
+        assert split[1][spec.text_columns[0]] == PAIRS[1][0]
+        if len(spec.text_columns) == 2:
+            assert split[0][spec.text_columns[1]] == PAIRS[0][1]
+    assert [spec.submission_file(split) for split in spec.test_splits] == (
+        ["MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv"] if task == "mnli" else [SUBMISSION[task][0]])
+
+
+def test_test_tsv_errors_name_the_file(tmp_path):
+    write_test_files(tmp_path, "rte", rows=3)
+    path = tmp_path / "RTE" / "test.tsv"
+    path.write_text(path.read_text().replace("1\tThe cat sat on the mat.\t", "1\tThe cat sat on the mat."))
+    with pytest.raises(ValueError, match=r"RTE/test.tsv line 3 has 2 tab-separated fields where 3 are needed"):
+        glue_data.read_glue_test_tsv("rte", path)
+    path.write_text("index\tsentence\n0\ta\n")
+    with pytest.raises(ValueError, match=r"RTE/test.tsv does not match GLUE task 'rte'.*lacks \['sentence1', "
+                                         r"'sentence2'\]"):
+        glue_data.read_glue_test_tsv("rte", path)
+
+
+def test_write_predictions_format(tmp_path):
+    path = glue_data.write_predictions(tmp_path / "STS-B.tsv", [0, 1, 2], np.array([4.12345, 0.0, -1.5]), None)
+    assert path.read_text() == "index\tprediction\n0\t4.123\n1\t0.000\n2\t-1.500\n"
+    task = glue_data.get_task("rte")
+    path = glue_data.write_predictions(tmp_path / "RTE.tsv", [5, 6], [1, 0], task.file_labels)
+    assert path.read_text() == "index\tprediction\n5\tnot_entailment\n6\tentailment\n"
+    assert glue_data.get_task("cola").submission_label(1) == "1"
+    assert glue_data.get_task("mnli").submission_label(2) == "contradiction"
+
+
+PREDICT = ["--do_predict", "--report_to", "none", "--log_level", "warning", "--disable_tqdm", "true",
+           "--per_device_eval_batch_size", "64"]
+
+
+@pytest.mark.parametrize("task", ["cola", "stsb", "wnli"])
+def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkpoint, task, one_thread):
+    """--do_predict alone on the real GLUE test files: the submission's file name, header, one row per test example
+    (all 146 of WNLI; --max_predict_samples 7 for the others), indices in file order, labels as GLUE writes them."""
+    out = tmp_path / "out"
+    limit = [] if task == "wnli" else ["--max_predict_samples", "7"]
+    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", task,
+                                  "--glue_dir", str(shared_data / "glue"), "--output_dir", str(out), *limit, *PREDICT])
+    assert results == {}
+    name, labels = SUBMISSION[task]
+    assert sorted(p.name for p in out.glob("*.tsv")) == [name]
+    rows = read_submission(out / name)
+    assert [int(index) for index, _ in rows] == list(range(146 if task == "wnli" else 7))
+    if labels is None:
+        assert all(math.isfinite(float(value)) and "." in value for _, value in rows)
+    else:
+        assert {value for _, value in rows} <= labels
+
+
+def test_do_predict_mnli_writes_matched_mismatched_and_ax(tmp_path, tiny_mlm_checkpoint, one_thread):
+    glue_dir = write_test_files(write_task(tmp_path / "glue", "mnli"), "mnli", rows=6)
+    out = tmp_path / "out"
+    finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli", "--glue_dir",
+                        str(glue_dir), "--output_dir", str(out), "--max_predict_samples", "4", *PREDICT])
+    assert sorted(p.name for p in out.glob("*.tsv")) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
+    for name in ("AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"):
+        rows = read_submission(out / name)
+        assert [index for index, _ in rows] == ["0", "1", "2", "3"] and {v for _, v in rows} <= NLI3
+    # Without the diagnostic file the two MNLI files are still written.
+    (glue_dir / "diagnostic" / "diagnostic.tsv").unlink()
+    finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli", "--glue_dir",
+                        str(glue_dir), "--output_dir", str(tmp_path / "out2"), *PREDICT])
+    assert sorted(p.name for p in (tmp_path / "out2").glob("*.tsv")) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --train_file / --validation_file / --test_file (csv and json, run_glue.py's column rules)
+# ----------------------------------------------------------------------------------------------------------------
+SENTIMENT = [("a fine and moving film", "pos"), ("dull , slow and far too long", "neg"),
+             ("the best thing this year", "pos"), ("I want my money back", "neg")]
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as a csv file (header from the first row) or JSON lines, by ``path``'s extension."""
+    if path.suffix == ".csv":
+        import csv
+
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def classification_rows(repeat: int = 4) -> list[dict]:
+    # An integer "id" column first: run_glue.py would feed it to the tokenizer; here it is passed over.
+    return [{"id": 10 * r + i, "sentence": text, "label": label}
+            for r in range(repeat) for i, (text, label) in enumerate(SENTIMENT)]
+
+
+@pytest.mark.parametrize("ext", ["csv", "json"])
+def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoint, ext, one_thread):
+    train = write_rows(tmp_path / f"train.{ext}", classification_rows())
+    valid = write_rows(tmp_path / f"valid.{ext}", classification_rows(2))
+    test = write_rows(tmp_path / f"test.{ext}", [{"id": i, "sentence": text} for i, (text, _) in enumerate(SENTIMENT)])
+    out = tmp_path / "out"
+    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train),
+                                  "--validation_file", str(valid), "--test_file", str(test), "--output_dir", str(out),
+                                  "--max_steps", "2", "--per_device_train_batch_size", "4", *COMMON, "--do_predict"])
+    assert results["eval_samples"] == 8 and 0.0 <= results["eval_accuracy"] <= 1.0
+    assert set(json.loads((out / "eval_results.json").read_text())) >= {"eval_accuracy", "eval_samples"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"} and config["problem_type"] == "single_label_classification"
+    rows = read_submission(out / "predict_results.tsv")
+    assert [index for index, _ in rows] == ["0", "1", "2", "3"] and {v for _, v in rows} <= {"neg", "pos"}
+    assert "Results on valid." in (out / "README.md").read_text()
+
+    # The finetuned folder evaluates a validation file alone with its own classes: this file holds only "pos",
+    # which on its own would be a single class.
+    only_pos = write_rows(tmp_path / f"pos.{ext}", [{"sentence": t, "label": "pos"} for t, _ in SENTIMENT])
+    again = finetune_glue.main(["--model_name_or_path", str(out), "--validation_file", str(only_pos),
+                                "--output_dir", str(tmp_path / "eval"), "--do_eval", "--report_to", "none",
+                                "--log_level", "warning", "--disable_tqdm", "true"])
+    assert again["eval_samples"] == 4
+    predicted_pos = sum(value == "pos" for _, value in rows)  # the same model, the same texts
+    assert again["eval_accuracy"] == pytest.approx(predicted_pos / 4)
+
+
+def test_files_regression_and_sentence_pairs(tmp_path, tiny_mlm_checkpoint, one_thread):
+    """A float label means regression (scored by mean squared error, as run_glue.py does); sentence1/sentence2 are
+    taken as the pair wherever they are in the file."""
+    rows = [{"genre": "news", "sentence2": b, "score_source": "x", "sentence1": a, "label": float(i) + 0.5}
+            for i, (a, b) in enumerate(PAIRS * 2)]
+    train = write_rows(tmp_path / "train.json", rows)
+    out = tmp_path / "out"
+    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train),
+                                  "--validation_file", str(train), "--output_dir", str(out), "--max_steps", "2",
+                                  "--per_device_train_batch_size", "4", *COMMON])
+    assert set(results) >= {"eval_mse", "eval_samples"} and "eval_accuracy" not in results
+    assert json.loads((out / "config.json").read_text())["problem_type"] == "regression"
+    data = glue_data.load_data_files({"train": train})
+    assert data.file_columns == ("sentence1", "sentence2") and data.label_names is None
+
+
+def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint, one_thread):
+    """With --task_name, files take the task's labels (class ids, Hub names or tsv spellings), its metrics and its
+    column names; a --test_file replaces the task's test set and is written with the GLUE label strings."""
+    rows = [{"premise": a, "hypothesis": b, "label": label}
+            for (a, b), label in zip(PAIRS, ["entailment", 2, "neutral", 0])]
+    valid = write_rows(tmp_path / "valid.csv", rows)
+    test = write_rows(tmp_path / "test.csv", [{"premise": a, "hypothesis": b} for a, b in PAIRS])
+    data = glue_data.load_data_files({"validation": valid}, "mnli")
+    assert list(data.datasets["validation"]["label"]) == [0, 2, 1, 0]
+    out = tmp_path / "out"
+    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli",
+                                  "--validation_file", str(valid), "--test_file", str(test), "--output_dir", str(out),
+                                  "--do_eval", *PREDICT])
+    assert "eval_accuracy" in results and "eval_accuracy_mm" not in results  # one validation file, one dev set
+    assert {v for _, v in read_submission(out / "predict_results.tsv")} <= NLI3
+
+
+def test_max_predict_samples_on_a_test_file(tmp_path, tiny_mlm_checkpoint, one_thread):
+    train = write_rows(tmp_path / "train.csv", classification_rows())
+    test = write_rows(tmp_path / "test.csv", [{"sentence": f"row {i}"} for i in range(9)])
+    out = tmp_path / "out"
+    finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train), "--test_file",
+                        str(test), "--output_dir", str(out), "--max_predict_samples", "3", "--do_train",
+                        "--max_steps", "1", "--save_strategy", "no", *PREDICT])
+    assert [index for index, _ in read_submission(out / "predict_results.tsv")] == ["0", "1", "2"]
+    with pytest.raises(ValueError, match="--max_predict_samples must be positive"):
+        finetune_glue.parse_args(["--task_name", "rte", "--max_predict_samples", "0", "--output_dir", "unused"])
+
+
+# Bad data files: (file name, content, flags, expected fragment of the one-line error).
+BAD_FILES = [
+    ("empty.csv", "", "--train_file", r"--train_file .*empty.csv is empty"),
+    ("header.csv", "sentence,label\n", "--train_file", r"--train_file .*header.csv has no data rows"),
+    ("empty.json", "[]\n", "--train_file", r"empty.json has no data rows"),
+    ("ids.csv", "id,label\n1,0\n2,1\n", "--train_file",
+     r"ids.csv has no text column \(string values\) besides 'label'.*\['id'\] hold no text"),
+    ("nolabel.csv", "sentence,score\na,1\nb,0\n", "--train_file", r"nolabel.csv lacks the column 'label'"),
+    ("notes.txt", "a\n", "--train_file", r"--train_file .*notes.txt: a csv or json file is needed"),
+    ("missing.csv", None, "--validation_file", r"--validation_file .*missing.csv: no such file"),
+    ("other.csv", "text,label\nx,pos\n", "--validation_file",
+     r"--validation_file .*other.csv lacks the text column 'sentence' \(taken from --train_file .*good.csv\)"),
+    ("unseen.csv", "sentence,label\nx,maybe\n", "--validation_file",
+     r"unseen.csv: column 'label' of data row 1 is 'maybe', not one of the labels \['neg', 'pos'\]"),
+]
+
+
+@pytest.mark.parametrize("name,content,flag,expected", BAD_FILES, ids=[row[0] for row in BAD_FILES])
+def test_bad_data_files_give_one_line(tmp_path, tiny_mlm_checkpoint, capsys, name, content, flag, expected):
+    good = write_rows(tmp_path / "good.csv", classification_rows(1))
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    files = [flag, str(path)] + (["--train_file", str(good), "--do_eval"] if flag != "--train_file" else [])
+    with pytest.raises(SystemExit) as exit_info:
+        finetune_glue.cli(["--model_name_or_path", str(tiny_mlm_checkpoint), *files, "--do_train",
+                           "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("finetune_glue.py: error: "), err
+    import re
+
+    assert re.search(expected, err[0]), err[0]
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A mistyped local folder: one line naming it, no Hub error
+# ----------------------------------------------------------------------------------------------------------------
+def test_missing_local_model_folder(tmp_path, tiny_mlm_checkpoint, capsys, monkeypatch):
+    glue_dir = write_task(tmp_path / "glue", "rte")
+    args = ["--task_name", "rte", "--glue_dir", str(glue_dir), "--do_eval", "--output_dir", str(tmp_path / "out")]
+    typo = str(tiny_mlm_checkpoint) + "m"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune_glue.cli(["--model_name_or_path", typo, *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"finetune_glue.py: error: --model_name_or_path {typo!r}: no such local folder (did you mean "
+                   f"{str(tiny_mlm_checkpoint)!r}?)."]
+    # Relative paths, the tokenizer and the config flags, and a folder without config.json.
+    monkeypatch.chdir(tmp_path)
+    for flags, fragment in [(["--model_name_or_path", "mlm/sub/folder"], "'mlm/sub/folder': no such local folder"),
+                            (["--model_name_or_path", "./mlmm"], "'./mlmm': no such local folder (did you mean 'mlm'"),
+                            (["--model_name_or_path", "glue"], "'glue' is a folder without config.json"),
+                            (["--config_name", "tiny.json", "--tokenizer_name", "mlm"], "--config_name 'tiny.json': "
+                             "no such local folder"),
+                            (["--config_name", "tiny", "--tokenizer_name", "./tok"], "--tokenizer_name './tok': no "
+                             "such local folder")]:
+        with pytest.raises(glue_data.UsageError) as error:
+            finetune_glue.main([*flags, *args])
+        assert fragment in str(error.value) and "\n" not in str(error.value)
+
+    # A bare name could be a Hub id: it is looked up once (no download retries); offline that fails at once.
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", no_network)
+    with pytest.raises(glue_data.UsageError, match=r"'mlmm' is not a local folder \(did you mean 'mlm'\?\), and the "
+                                                   r"Hub cannot be reached to look it up as a model id"):
+        finetune_glue.main(["--model_name_or_path", "mlmm", *args])
+
+
+def test_suite_refuses_missing_folder_and_bad_file_in_one_line(tmp_path, capsys):
+    glue_dir = write_task(tmp_path / "glue", "rte")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    base = ["--glue_dir", str(glue_dir), "--output_dir", str(tmp_path / "suite")]
+    cases = [(["--model", f"tnn={model}x"], f"--model tnn= {str(model) + 'x'!r}: no such local folder (did you mean "
+              f"{str(model)!r}?)."),
+             (["--model", f"tnn={model}", "--glue_dir", str(tmp_path / "nope")], "--glue_dir"),
+             (["--model", f"tnn={model}", "--tasks", "sst3"], "Unknown GLUE task 'sst3'")]
+    for argv, fragment in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            run_glue_suite.cli([*base, *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1 and fragment in err[0], err
+        assert err[0].startswith("run_glue_suite.py: error: ")
+    (glue_dir / "RTE" / "dev.tsv").write_text("index\tsentence1\tsentence2\n0\ta\tb\n")  # a test file in dev's place
+    with pytest.raises(SystemExit):
+        run_glue_suite.cli([*base, "--model", f"tnn={model}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "RTE/dev.tsv does not match GLUE task 'rte'" in err[0] and "lacks ['label']" in err[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics of data files without a GLUE task (run_glue.py: accuracy, or mse for a float label)
+# ----------------------------------------------------------------------------------------------------------------
+def test_file_metrics_hand_computed():
+    classify = glue_data.make_compute_metrics(None)
+    logits = np.array([[2.0, -1.0], [0.1, 0.3], [5.0, 4.0]])  # argmax 0, 1, 0
+    assert classify(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1]))) == {"accuracy": 2 / 3}
+    regress = glue_data.make_compute_metrics(None, regression=True)
+    result = regress(EvalPrediction(predictions=np.array([[1.0], [2.0], [4.0]]), label_ids=np.array([1.0, 3.0, 2.0])))
+    assert result == {"mse": pytest.approx((0 + 1 + 4) / 3)}
+    # A GLUE task keeps its own metrics whatever ``regression`` says.
+    assert set(glue_data.make_compute_metrics("stsb")(EvalPrediction(
+        predictions=np.array([[1.0], [2.0], [4.0]]), label_ids=np.array([1.0, 3.0, 2.0])))) == {
+        "pearson", "spearmanr", "combined_score"}
