@@ -15,15 +15,19 @@ Programmatic use (the quality benchmark does this)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
 import os
 import re
 import shutil
+import signal
+import statistics
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
@@ -64,10 +68,32 @@ CHECKPOINT_NAME = re.compile(r"^(step|epoch)_(\d+)$")
 TEXT_EXTENSIONS = {"txt": "text", "text": "text", "raw": "text", "tokens": "text", "csv": "csv", "json": "json",
                    "jsonl": "json"}
 METRICS_FILE = "metrics.jsonl"
+RESULTS_FILE = "all_results.json"
+# What a run leaves in --output_dir; any of these (or a checkpoint folder) marks the folder as holding a run.
+RUN_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", METRICS_FILE,
+             RESULTS_FILE)
+# Config fields that are bookkeeping rather than the model: a resumed run may differ in these.
+CONFIG_BOOKKEEPING = {"transformers_version", "_name_or_path", "architectures", "auto_map", "dtype", "torch_dtype",
+                      "use_cache", "return_dict", "output_hidden_states", "output_attentions", "_commit_hash",
+                      "_attn_implementation_autoset", "_attn_implementation", "generation_cache"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model", "sentencepiece.bpe.model")
+EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal number, as shells report a signal death
 
 
 class UsageError(ValueError):
     """A bad flag value, found before training starts (the CLI prints it and exits with status 2)."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped training after a checkpoint of the current step was written (``checkpoint``); the
+    CLI prints one line saying how to resume and exits with ``exit_code`` (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        self.exit_code = EXIT_CODES.get(signal_name, 1)
+        super().__init__(f"{signal_name} at step {step}: saved checkpoint {checkpoint}; resume with "
+                         f"--resume_from_checkpoint {checkpoint}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,8 +153,16 @@ def build_parser(task: str) -> argparse.ArgumentParser:
 
     track = parser.add_argument_group("evaluation, checkpoints and outputs")
     track.add_argument("--output_dir", default=f"outputs/train_{task}")
+    track.add_argument("--overwrite_output_dir", action="store_true",
+                       help="start a new run in an --output_dir that holds another run: its checkpoints, "
+                            f"{METRICS_FILE} and {RESULTS_FILE} are deleted first (without this flag such a folder "
+                            "is refused unless you resume)")
     track.add_argument("--checkpointing_steps", help="an integer (every n steps) or 'epoch'")
-    track.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' (newest in --output_dir)")
+    track.add_argument("--checkpoints_total_limit", type=int,
+                       help="keep only the newest N checkpoints (older ones are deleted after each save)")
+    track.add_argument("--resume_from_checkpoint",
+                       help="a checkpoint folder, or 'latest' (newest in --output_dir); its model config, tokenizer "
+                            "and data geometry must match this run")
     track.add_argument("--eval_steps", type=int, help="evaluate every n steps (default: each epoch and the end)")
     track.add_argument("--logging_steps", type=int, default=10, help="log the training loss every n steps")
     track.add_argument("--eval_lengths",
@@ -148,6 +182,10 @@ def build_parser(task: str) -> argparse.ArgumentParser:
         parser.add_argument("--sample_prompt", action="append",
                             help="after training, generate a continuation of this prompt (repeatable)")
         parser.add_argument("--sample_max_new_tokens", type=int, default=60)
+        parser.add_argument("--time_generation",
+                            help="after training, print the per-token generation time at these comma-separated "
+                                 "context lengths (e.g. 128,512,2048), with the recurrent cache and with a full "
+                                 "recompute per token")
     return parser
 
 
@@ -176,17 +214,77 @@ def parse_config_overrides(text: str | None) -> dict[str, Any]:
     return overrides
 
 
-def parse_lengths(text: str | None) -> list[int]:
+def parse_lengths(text: str | None, flag: str = "--eval_lengths") -> list[int]:
     """``"512,1024"`` -> ``[512, 1024]`` (sorted, unique); each must be an integer >= 2."""
     if not text:
         return []
     try:
         lengths = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise UsageError(f"--eval_lengths must be comma-separated integers, got {text!r}.") from None
+        raise UsageError(f"{flag} must be comma-separated integers, got {text!r}.") from None
     if not lengths or lengths[0] < 2:
-        raise UsageError(f"--eval_lengths values must be integers >= 2, got {text!r}.")
+        raise UsageError(f"{flag} values must be integers >= 2, got {text!r}.")
     return lengths
+
+
+def _first_line(error: BaseException) -> str:
+    """The first non-empty line of an exception's message (library errors often span many lines)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _name_list(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def looks_like_local_path(value: str) -> bool:
+    """Whether a --model_name_or_path/--config_name/--tokenizer_name value names a local file or folder rather than
+    a Hub id: it exists, starts with '.', '/' or '~', ends with a separator, has more than one separator, or its
+    first component is an existing folder (``outputs/run``). A Hub id is ``name`` or ``org/name``."""
+    if Path(value).expanduser().exists():
+        return True
+    normalised = value.replace(os.sep, "/")
+    if normalised.startswith((".", "/", "~")) or normalised.endswith("/"):
+        return True
+    parts = normalised.split("/")
+    return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
+
+
+def check_local_path(flag: str, value: str, what: str = "folder") -> None:
+    """Raise :class:`UsageError` naming the first missing folder when ``value`` looks local but does not exist (so
+    a typo reports the path, not a failed connection to the Hub)."""
+    if not looks_like_local_path(value):
+        return
+    path = Path(value).expanduser()
+    if path.exists():
+        return
+    missing = path
+    for parent in path.parents:  # the shortest prefix that does not exist
+        if str(parent) not in ("", ".") and not parent.exists():
+            missing = parent
+    if missing == path:
+        raise UsageError(f"{flag} {value!r}: no such {what}.")
+    raise UsageError(f"{flag} {value!r}: no such folder {str(missing)!r}.")
+
+
+def _hub_hint(value: str) -> str:
+    """For an error loading ``value``: says that no local folder has that name (so it was looked up on the Hub)."""
+    return "" if Path(value).expanduser().exists() else "there is no local folder of that name, and as a Hub id: "
+
+
+def check_model_folder(value: str) -> None:
+    """--model_name_or_path: a local value must be a folder holding ``config.json`` (a saved model)."""
+    check_local_path("--model_name_or_path", value)
+    path = Path(value).expanduser()
+    if not path.exists():
+        return  # a Hub id
+    if not path.is_dir():
+        raise UsageError(f"--model_name_or_path {value!r} is a file; it takes a saved model folder.")
+    if not (path / "config.json").is_file():
+        hint = (f"; it is a training checkpoint: resume it with --resume_from_checkpoint {value}"
+                if is_valid_checkpoint(path) else "")
+        raise UsageError(f"--model_name_or_path {value!r} is a folder without config.json (not a saved model){hint}.")
 
 
 def _data_file_type(path: str, flag: str) -> str:
@@ -221,12 +319,23 @@ def check_args(args: argparse.Namespace) -> None:
         kind = _data_file_type(args.train_file, "--train_file")
         if args.validation_file and _data_file_type(args.validation_file, "--validation_file") != kind:
             raise UsageError("--train_file and --validation_file must have the same format.")
+        for flag in ("train_file", "validation_file"):
+            path = getattr(args, flag)
+            if path and Path(path).stat().st_size == 0:
+                raise UsageError(f"--{flag} {path!r} is empty.")
     if args.model_name_or_path:
         if args.config_name or args.config_overrides:
             raise UsageError("--config_name/--config_overrides build a new model; they cannot be combined with "
                              "--model_name_or_path (which continues from a saved one).")
+        check_model_folder(args.model_name_or_path)
+    if args.config_name:
+        check_local_path("--config_name", args.config_name, "file or folder")
+    if args.tokenizer_name:
+        check_local_path("--tokenizer_name", args.tokenizer_name)
     if args.vocab_size < 261:
         raise UsageError(f"--vocab_size must be at least 261 (256 bytes + 5 special tokens), got {args.vocab_size}.")
+    if args.checkpoints_total_limit is not None and args.checkpoints_total_limit < 1:
+        raise UsageError(f"--checkpoints_total_limit must be a positive integer, got {args.checkpoints_total_limit}.")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
         if not args.checkpointing_steps.isdigit() or int(args.checkpointing_steps) < 1:
             raise UsageError(f"--checkpointing_steps must be a positive integer or 'epoch', "
@@ -234,10 +343,20 @@ def check_args(args: argparse.Namespace) -> None:
     args.eval_lengths_list = parse_lengths(args.eval_lengths)
     if args.task == "mlm" and not 0 < args.mlm_probability < 1:
         raise UsageError(f"--mlm_probability must lie in (0, 1), got {args.mlm_probability}.")
+    args.time_generation_list = parse_lengths(getattr(args, "time_generation", None), "--time_generation")
     if args.resume_from_checkpoint:
+        if args.overwrite_output_dir:
+            raise UsageError("--overwrite_output_dir starts a new run; it cannot be combined with "
+                             "--resume_from_checkpoint.")
         args.resume_path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     else:
         args.resume_path = None
+        # Every process checks before any of them writes: Accelerator() (a rendezvous) comes after this.
+        found = run_files_in(args.output_dir)
+        if found and not args.overwrite_output_dir:
+            raise UsageError(f"--output_dir {args.output_dir!r} already holds a run ({_name_list(found)}): resume it "
+                             "with --resume_from_checkpoint latest, or pass --overwrite_output_dir to start a new "
+                             "run there.")
     if args.push_to_hub:
         check_push_to_hub(args)
 
@@ -252,16 +371,8 @@ def is_valid_checkpoint(folder: str | Path) -> bool:
 
 def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
     """The valid ``step_*``/``epoch_*`` checkpoint of ``output_dir`` with the most completed steps, if any."""
-    best, best_steps = None, -1
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        return None
-    for child in folder.iterdir():
-        if CHECKPOINT_NAME.match(child.name) and is_valid_checkpoint(child):
-            steps = json.loads((child / TRAINER_STATE).read_text())["completed_steps"]
-            if steps > best_steps:
-                best, best_steps = child, steps
-    return best
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
 
 
 def resolve_checkpoint(value: str, output_dir: str) -> Path:
@@ -326,6 +437,107 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, name: str, state
     return final
 
 
+def _checkpoint_steps(folder: Path) -> int:
+    try:
+        return int(json.loads((folder / TRAINER_STATE).read_text())["completed_steps"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The valid ``step_*``/``epoch_*`` checkpoints of ``output_dir``, oldest first (by completed steps)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [child for child in folder.iterdir() if CHECKPOINT_NAME.match(child.name) and is_valid_checkpoint(child)]
+    return sorted(found, key=lambda child: (_checkpoint_steps(child), child.name.startswith("step_"), child.name))
+
+
+def remove_checkpoint(folder: Path) -> None:
+    """Delete a checkpoint without ever leaving a half-deleted folder that still looks valid: it is first renamed
+    to a ``.tmp-`` name (atomic), which is never resumed from, then removed."""
+    doomed = folder.parent / f"{TMP_PREFIX}deleted-{folder.name}"
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` valid checkpoints of ``output_dir``; returns the deleted folders."""
+    doomed = list_checkpoints(output_dir)[:-keep] if keep > 0 else []
+    for folder in doomed:
+        remove_checkpoint(folder)
+    return doomed
+
+
+def run_files_in(output_dir: str | Path) -> list[str]:
+    """The names of what a run leaves in ``output_dir`` (checkpoints, partial ``.tmp-`` checkpoints, the model,
+    the tokenizer, the logs), sorted; empty for a missing or unrelated folder."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [child.name for child in folder.iterdir()
+             if child.name in RUN_FILES
+             or (child.is_dir() and (CHECKPOINT_NAME.match(child.name) or child.name.startswith(TMP_PREFIX)))]
+    # checkpoints first, by step, then files
+    return sorted(found, key=lambda name: (not CHECKPOINT_NAME.match(name),
+                                           [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]))
+
+
+def clear_previous_run(output_dir: str | Path) -> list[str]:
+    """--overwrite_output_dir: delete the previous run's checkpoints (complete and partial) and result logs, so that
+    a later ``--resume_from_checkpoint latest`` can only find this run's. The model and tokenizer files are replaced
+    by the new run's at its end. Returns what was deleted."""
+    folder, deleted = Path(output_dir), []
+    for name in run_files_in(folder):
+        path = folder / name
+        if path.is_dir():
+            if is_valid_checkpoint(path):
+                remove_checkpoint(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            deleted.append(name)
+    for name in (METRICS_FILE, RESULTS_FILE, "eval_lengths.png"):
+        if (folder / name).is_file():
+            (folder / name).unlink()
+            deleted.append(name)
+    return deleted
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """``{"size": len(tokenizer), "sha256": ...}``: a hash of the vocabulary (token -> id) and the special tokens,
+    recorded in every checkpoint so that a resume with another tokenizer is refused."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    payload = json.dumps({"vocab": vocab, "special_tokens": tokenizer.special_tokens_map}, sort_keys=True,
+                         ensure_ascii=False, default=str)
+    return {"size": len(tokenizer), "sha256": hashlib.sha256(payload.encode("utf-8")).hexdigest()}
+
+
+def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
+    """The config fields that define the model (every field of ``model.config`` but bookkeeping such as
+    ``transformers_version`` or ``use_cache``), as JSON values; recorded in every checkpoint."""
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    return {key: value for key, value in sorted(config.items()) if key not in CONFIG_BOOKKEEPING}
+
+
+def checkpoint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``["token_mixer 'dense' -> 'fd', ...]``: the fields of a checkpoint's ``trainer_state.json`` (``saved``) that
+    differ from this run's (``current``), each as ``name old -> new``. Sections or fields the checkpoint lacks (it
+    predates them) are not compared."""
+    differences = []
+    for section, prefix in (("model_config", ""), ("tokenizer", "tokenizer "), ("geometry", "")):
+        old, new = saved.get(section), current.get(section)
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            continue
+        for key in sorted(set(old) & set(new), key=list(new).index):
+            if old[key] != new[key]:
+                if section == "tokenizer" and key == "sha256":
+                    differences.append(f"tokenizer vocabulary sha256 {old[key][:12]} -> {new[key][:12]}")
+                else:
+                    differences.append(f"{prefix}{key} {old[key]!r} -> {new[key]!r}")
+    return differences
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------------------------
@@ -362,25 +574,70 @@ def load_raw_datasets(args: argparse.Namespace) -> DatasetDict:
         if args.validation_file:
             files["validation"] = args.validation_file
         extra = {"keep_linebreaks": not args.no_keep_linebreaks} if kind == "text" else {}
-        raw = load_dataset(kind, data_files=files, **extra)
+        names = " / ".join(f"--{split}_file {path!r}" for split, path in files.items())
+        try:
+            raw = load_dataset(kind, data_files=files, **extra)
+        except Exception as error:  # a parse error deep inside `datasets`: name the file(s) and the cause
+            cause = error.__cause__ or error.__context__ or error
+            if "corresponds to no data" in str(cause):
+                raise UsageError(f"{names}: no data rows.") from None
+            raise UsageError(f"{names}: cannot be read as {kind}: {_first_line(cause)}") from None
         if "validation" not in raw:
             p = args.validation_split_percentage or 5
-            raw["validation"] = load_dataset(kind, data_files=files, split=f"train[:{p}%]", **extra)
-            raw["train"] = load_dataset(kind, data_files=files, split=f"train[{p}%:]", **extra)
+            try:
+                raw["validation"] = load_dataset(kind, data_files=files, split=f"train[:{p}%]", **extra)
+                raw["train"] = load_dataset(kind, data_files=files, split=f"train[{p}%:]", **extra)
+            except Exception as error:
+                if "corresponds to no data" not in str(error):
+                    raise
+                raise UsageError(f"--train_file {args.train_file!r} has {len(raw['train'])} rows: too few to hold "
+                                 f"out --validation_split_percentage {p}%; pass a --validation_file, a larger "
+                                 "percentage or more data.") from None
         return raw
     # Documents are separated by a blank line, as they would be in a text file.
     splits = embedded_splits((args.validation_split_percentage or 10) / 100)
     return DatasetDict({name: Dataset.from_dict({"text": [d + "\n\n" for d in docs]}) for name, docs in splits.items()})
 
 
-def text_column_of(dataset: Dataset, requested: str | None) -> str:
-    """``requested``, else ``"text"``, else the first column."""
+def data_source(args: argparse.Namespace, split: str) -> str:
+    """How the flags name a split's data, for error messages: ``--train_file 'a.csv'``, ``--dataset_name 'x'``..."""
+    if args.train_file:
+        if split == "validation" and args.validation_file:
+            return f"--validation_file {args.validation_file!r}"
+        held_out = "" if split == "train" else f" (the held-out {args.validation_split_percentage or 5}%)"
+        return f"--train_file {args.train_file!r}{held_out}"
+    if args.dataset_name:
+        return f"--dataset_name {args.dataset_name!r} ({split} split)"
+    return f"the {split} data"
+
+
+def _is_text_feature(feature: Any) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
+def text_column_of(dataset: Dataset, requested: str | None, source: str = "the dataset") -> str:
+    """``requested``, else ``"text"``, else the first column; it must hold text. Raises :class:`UsageError` naming
+    ``source`` (the file or dataset), the column and the available columns with their types otherwise."""
     columns = dataset.column_names
+    if not columns:
+        raise UsageError(f"{source} has no columns.")
+
+    def described() -> str:
+        return ", ".join(f"{name} ({getattr(dataset.features[name], 'dtype', type(dataset.features[name]).__name__)})"
+                         for name in columns)
+
     if requested:
         if requested not in columns:
-            raise UsageError(f"--text_column {requested!r} is not a column; columns: {columns}.")
-        return requested
-    return "text" if "text" in columns else columns[0]
+            raise UsageError(f"{source}: --text_column {requested!r} is not a column; columns: {described()}.")
+        column, how = requested, "--text_column"
+    else:
+        column = "text" if "text" in columns else columns[0]
+        how = "the default text column" if column == "text" else "the first column, used as there is no 'text' column"
+    if not _is_text_feature(dataset.features[column]):
+        kind = getattr(dataset.features[column], "dtype", type(dataset.features[column]).__name__)
+        raise UsageError(f"{source}: column {column!r} ({how}) holds {kind} values, not text; columns: "
+                         f"{described()}; pick a text column with --text_column.")
+    return column
 
 
 def group_texts(examples: dict[str, list], block_size: int) -> dict[str, list]:
@@ -397,12 +654,18 @@ def get_tokenizer(args: argparse.Namespace, raw: DatasetDict, accelerator: Accel
     """The tokenizer: --tokenizer_name, the resumed checkpoint's, --model_name_or_path's, or a byte-level BPE trained
     on the training split (the main process trains it and saves it in --output_dir, the others load it)."""
     source = args.tokenizer_name or args.resume_path or args.model_name_or_path
+    if args.tokenizer_name and Path(args.tokenizer_name).is_dir() and not any(
+            (Path(args.tokenizer_name) / name).is_file() for name in TOKENIZER_FILES):
+        raise UsageError(f"--tokenizer_name {args.tokenizer_name!r} is a folder without tokenizer files (none of "
+                         f"{', '.join(TOKENIZER_FILES)}).")
     if source:
         try:
             return AutoTokenizer.from_pretrained(str(source), trust_remote_code=args.trust_remote_code)
-        except OSError as error:
-            flag = "--tokenizer_name" if args.tokenizer_name else "--resume_from_checkpoint/--model_name_or_path"
-            raise UsageError(f"{flag} {str(source)!r}: no tokenizer could be loaded ({error}).") from None
+        except (OSError, ValueError) as error:
+            flag = ("--tokenizer_name" if args.tokenizer_name else
+                    "--resume_from_checkpoint" if args.resume_path else "--model_name_or_path")
+            raise UsageError(f"{flag} {str(source)!r}: {_hub_hint(str(source))}no tokenizer could be loaded "
+                             f"({_first_line(error)}).") from None
     output_dir = Path(args.output_dir)
     with accelerator.main_process_first():
         if accelerator.is_main_process:
@@ -424,7 +687,8 @@ def tokenize_and_group(args: argparse.Namespace, raw: DatasetDict, tokenizer: Pr
     mlm = args.task == "mlm"
 
     def tokenize(examples: dict[str, list]) -> dict[str, list]:
-        return tokenizer(examples[text_column], return_special_tokens_mask=mlm, return_attention_mask=False)
+        texts = [text if text is not None else "" for text in examples[text_column]]  # empty CSV cells are None
+        return tokenizer(texts, return_special_tokens_mask=mlm, return_attention_mask=False)
 
     with accelerator.main_process_first():
         tokenized = DatasetDict({
@@ -437,8 +701,8 @@ def tokenize_and_group(args: argparse.Namespace, raw: DatasetDict, tokenizer: Pr
     for split in ("train", "validation"):
         if len(grouped[split]) == 0:
             tokens = sum(len(ids) for ids in tokenized[split]["input_ids"])
-            raise UsageError(f"--block_size {args.block_size} is larger than the {split} data ({tokens} tokens): "
-                             f"use a smaller --block_size or more data.")
+            raise UsageError(f"--block_size {args.block_size} is larger than the {split} data ({tokens} tokens in "
+                             f"{data_source(args, split)}): use a smaller --block_size or more data.")
     stream = None
     if args.eval_lengths_list:
         stream = torch.tensor(list(chain.from_iterable(tokenized["validation"]["input_ids"])), dtype=torch.long)
@@ -461,8 +725,9 @@ def resolve_config(args: argparse.Namespace):
     if args.model_name_or_path:  # a saved folder, or a Hub id for users online
         try:
             return AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-        except OSError as error:
-            raise UsageError(f"--model_name_or_path {args.model_name_or_path!r}: {error}") from None
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--model_name_or_path {args.model_name_or_path!r}: {_hub_hint(args.model_name_or_path)}"
+                             f"{_first_line(error)}") from None
     name = args.config_name or DEFAULT_CONFIG
     overrides = parse_config_overrides(args.config_overrides)
     path = Path(name)
@@ -560,10 +825,10 @@ class InputBuilder:
         self.collator = (DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability)
                          if task == "mlm" else None)
 
-    def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         ids = batch["input_ids"]
-        if self.collator is None:
-            return {"input_ids": ids, "labels": ids}
+        if self.collator is None:  # a causal LM: no generation cache when scoring whole blocks
+            return {"input_ids": ids, "labels": ids, "use_cache": False}
         rows = [{"input_ids": row.cpu(), "special_tokens_mask": mask.cpu()}
                 for row, mask in zip(ids, batch["special_tokens_mask"])]
         masked = self.collator(rows)
@@ -642,7 +907,7 @@ def evaluate_lengths(model: torch.nn.Module, stream: torch.Tensor, lengths: Iter
                 for start, end, first in _windows(length, window if sliding else length):
                     labels = rows[:, start:end].clone()
                     labels[:, : first - start] = -100  # tokens an earlier window already scored
-                    logits = model(input_ids=rows[:, start:end]).logits
+                    logits = model(input_ids=rows[:, start:end], use_cache=False).logits
                     row_sums, row_counts = token_loss_sums(logits, labels, shift=True)
                     total += row_sums.double().sum().cpu()
                     count += int(row_counts.sum())
@@ -708,6 +973,61 @@ def generate_sample(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, 
     return tokenizer.decode(out[0], skip_special_tokens=True)
 
 
+@torch.no_grad()
+def time_generation(model: torch.nn.Module, contexts: Sequence[int], new_tokens: int = 8,
+                    seed: int = 0) -> list[dict[str, float]]:
+    """Per-token generation time (milliseconds, median over ``new_tokens`` greedy tokens) after a context of each
+    length, with the model's cache and with a full recompute, through the public API only:
+
+    * cached: ``out = model(input_ids=context, use_cache=True)``, then ``model(input_ids=next_token,
+      cache=out.cache)`` per token (``past_key_values=`` on transformers 5.23);
+    * no cache: ``model(input_ids=sequence_so_far, use_cache=False)`` per token, the sequence growing by one.
+
+    The context is random token ids (the time does not depend on the text). One untimed step of each kind runs
+    first. Returns ``[{"context": n, "cached_ms": ..., "no_cache_ms": ..., "speedup": ...}, ...]``."""
+    from modeling_tnn.modeling_tnn import CACHE_FIELD  # "cache" on transformers 5.24, "past_key_values" on 5.23
+
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in contexts:
+        ids = torch.randint(0, vocab, (1, length), generator=generator).to(device)
+        out = model(input_ids=ids, use_cache=True)
+        cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
+        cached = []
+        for step in range(new_tokens + 1):
+            start = time.perf_counter()
+            out = model(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
+            token = out.logits[:, -1:].argmax(-1)
+            if step:  # the first step is a warm-up
+                cached.append(time.perf_counter() - start)
+            cache = getattr(out, CACHE_FIELD)
+        sequence, full = ids, []
+        for step in range(new_tokens + 1):
+            start = time.perf_counter()
+            logits = model(input_ids=sequence, use_cache=False).logits
+            sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
+            if step:
+                full.append(time.perf_counter() - start)
+        cached_ms, full_ms = 1e3 * statistics.median(cached), 1e3 * statistics.median(full)
+        rows.append({"context": length, "cached_ms": cached_ms, "no_cache_ms": full_ms,
+                     "speedup": full_ms / max(cached_ms, 1e-9)})
+    model.train(was_training)
+    return rows
+
+
+def format_generation_table(rows: list[dict[str, float]]) -> str:
+    """The :func:`time_generation` rows as a Markdown table."""
+    lines = ["| context | ms/token with cache | ms/token without cache (full recompute) | ratio |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['context']} | {r['cached_ms']:.1f} | {r['no_cache_ms']:.1f} | {r['speedup']:.1f}x |"
+              for r in rows]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Logging and publishing
 # ---------------------------------------------------------------------------------------------------------------
@@ -724,6 +1044,41 @@ class MetricsLog:
                 handle.write(json.dumps({"step": step, **values}) + "\n")
         if self.trackers:
             self.accelerator.log({k: v for k, v in values.items() if isinstance(v, (int, float))}, step=step)
+
+
+class TiedWeightSaveFilter(logging.Filter):
+    """Drops the warning Accelerate logs at every ``save_state`` of a model with tied embeddings, ``Removed shared
+    tensor {'lm_head.weight'} while saving. ...``, when every name it lists is a tied weight registered in
+    :attr:`names` (``from_pretrained`` and ``load_state`` re-tie those). Any other shared tensor still warns."""
+
+    PATTERN = re.compile(r"Removed shared tensor \{(.*)\} while saving")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self.PATTERN.search(record.getMessage())
+        if match is None:
+            return True
+        listed = set(re.findall(r"'([^']*)'", match.group(1)))
+        return not (listed and listed <= self.names)
+
+
+TIED_WEIGHT_FILTER = TiedWeightSaveFilter()
+
+
+def silence_tied_weight_warning(model: torch.nn.Module | None = None) -> None:
+    """Install :data:`TIED_WEIGHT_FILTER` on Accelerate's logger (once) and register ``model``'s tied weights
+    (the keys of its ``_tied_weights_keys``, e.g. ``lm_head.weight``)."""
+    target = logging.getLogger("accelerate.utils.other")  # where clean_state_dict_for_safetensors logs
+    if TIED_WEIGHT_FILTER not in target.filters:
+        target.addFilter(TIED_WEIGHT_FILTER)
+    tied = getattr(model, "_tied_weights_keys", None) if model is not None else None
+    if isinstance(tied, dict):
+        TIED_WEIGHT_FILTER.names.update(tied)
+    elif isinstance(tied, (list, tuple, set)):
+        TIED_WEIGHT_FILTER.names.update(tied)
 
 
 def available_trackers(report_to: str) -> list[str]:
@@ -814,6 +1169,7 @@ class Session:
     train_blocks: int
     completed_steps: int = 0
     tokens_seen: int = 0
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # model config and tokenizer, see run_fingerprint
 
 
 @dataclass
@@ -856,8 +1212,13 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logger.setLevel(logging.INFO if accelerator.is_main_process else logging.ERROR)
     set_seed(args.seed, device_specific=True)  # dropout differs across processes; DDP broadcasts rank 0's init
+    silence_tied_weight_warning()
     output_dir = Path(args.output_dir)
     if accelerator.is_main_process:
+        if args.overwrite_output_dir and not args.resume_path:
+            deleted = clear_previous_run(output_dir)
+            if deleted:
+                logger.info("--overwrite_output_dir: deleted %s from %s", _name_list(deleted, 8), output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         if not args.resume_path:  # a new run starts a new log; a resumed one appends
             (output_dir / METRICS_FILE).unlink(missing_ok=True)
@@ -868,10 +1229,17 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     for split in ("train", "validation"):
         if split not in raw:
             raise UsageError(f"The dataset has no {split!r} split (splits: {list(raw)}).")
-    text_column = text_column_of(raw["train"], args.text_column)
+    for split in ("train", "validation"):
+        if len(raw[split]) == 0:
+            raise UsageError(f"{data_source(args, split)} has no rows.")
+    text_column = text_column_of(raw["train"], args.text_column, data_source(args, "train"))
+    if text_column not in raw["validation"].column_names or not _is_text_feature(
+            raw["validation"].features[text_column]):
+        text_column_of(raw["validation"], text_column, data_source(args, "validation"))  # raises, naming the file
     tokenizer = get_tokenizer(args, raw, accelerator, text_column)
     data, stream = tokenize_and_group(args, raw, tokenizer, accelerator, text_column)
     model = build_model(args, config, tokenizer)
+    silence_tied_weight_warning(model)
     limit = position_limit(model)
     if limit is not None and args.block_size > limit:
         raise UsageError(f"--block_size {args.block_size} exceeds the model's position table ({limit}).")
@@ -907,7 +1275,9 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
                       build_inputs=InputBuilder(task, tokenizer, getattr(args, "mlm_probability", None)),
                       metrics=MetricsLog(accelerator, output_dir, bool(trackers)), eval_stream=stream,
                       max_train_steps=max_train_steps, steps_per_epoch=steps_per_epoch,
-                      num_train_epochs=num_train_epochs, train_blocks=len(data["train"]))
+                      num_train_epochs=num_train_epochs, train_blocks=len(data["train"]),
+                      fingerprint={"model_config": model_fingerprint(accelerator.unwrap_model(model)),
+                                   "tokenizer": tokenizer_fingerprint(tokenizer)})
     if args.resume_path:
         _restore(session, Path(args.resume_path))
     return session
@@ -922,24 +1292,89 @@ def _geometry(session: Session) -> dict[str, int]:
 
 
 def _restore(session: Session, path: Path) -> None:
+    """Check that the checkpoint belongs to this run (model config, tokenizer, data geometry), then load it.
+    Raises :class:`UsageError` naming every differing field, before anything is loaded."""
     state = json.loads((path / TRAINER_STATE).read_text())
-    changed = {k: (v, state.get("geometry", {}).get(k)) for k, v in _geometry(session).items()
-               if state.get("geometry", {}).get(k) != v}
-    if changed:
-        logger.warning("Resuming with a different data/batch geometry %s (now, then): the data position "
-                       "and therefore the result will not match an uninterrupted run.", changed)
+    differences = checkpoint_differences(state, {**session.fingerprint, "geometry": _geometry(session)})
+    if differences:
+        raise UsageError(f"--resume_from_checkpoint {str(path)!r} was written by another run (checkpoint -> this "
+                         f"run): {'; '.join(differences)}. Resume with that run's flags, or start a new run with "
+                         "--overwrite_output_dir or another --output_dir.")
+    if "model_config" not in state:
+        logger.warning("%s predates the model config and tokenizer records: only its data geometry was checked.",
+                       path)
     session.accelerator.load_state(str(path))
     session.completed_steps = state["completed_steps"]
     session.tokens_seen = state.get("tokens_seen", 0)
     logger.info("Resumed from %s at step %d.", path, session.completed_steps)
 
 
-def _checkpoint(session: Session, name: str, epoch: int) -> None:
+def _checkpoint(session: Session, name: str, epoch: int) -> Path:
     state = {"completed_steps": session.completed_steps, "epoch": epoch, "steps_per_epoch": session.steps_per_epoch,
-             "tokens_seen": session.tokens_seen, "geometry": _geometry(session)}
-    path = save_checkpoint(session.accelerator, Path(session.args.output_dir), name, state, session.tokenizer)
+             "tokens_seen": session.tokens_seen, "geometry": _geometry(session), **session.fingerprint}
+    output_dir = Path(session.args.output_dir)
+    path = save_checkpoint(session.accelerator, output_dir, name, state, session.tokenizer)
     if session.accelerator.is_main_process:
         logger.info("Saved checkpoint %s", path)
+        if session.args.checkpoints_total_limit:
+            for old in rotate_checkpoints(output_dir, session.args.checkpoints_total_limit):
+                logger.info("Deleted checkpoint %s (--checkpoints_total_limit %d)", old,
+                            session.args.checkpoints_total_limit)
+    session.accelerator.wait_for_everyone()
+    return path
+
+
+class StopOnSignal:
+    """While active, SIGINT and SIGTERM only set :attr:`signal_name`; the training loop checks it after each
+    optimizer step, writes a checkpoint and stops. A second SIGINT raises ``KeyboardInterrupt`` at once (no
+    checkpoint). Handlers are installed only in the main thread, and the previous ones come back on exit."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self, say: Any = None) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+        self._say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                number = getattr(signal, name, None)
+                if number is not None:
+                    self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _handle(self, number: int, frame: Any) -> None:
+        name = signal.Signals(number).name
+        if self.signal_name is not None:
+            if name == "SIGINT":
+                raise KeyboardInterrupt
+            return
+        self.signal_name = name
+        self._say(f"{name} received: finishing this step, then writing a checkpoint"
+                  + (" (Ctrl-C again stops at once, without one)" if name == "SIGINT" else ""))
+
+    def requested(self, accelerator: Accelerator) -> str | None:
+        """The signal that asked to stop, agreed by every process (any process's signal stops them all)."""
+        if accelerator.num_processes == 1:
+            return self.signal_name
+        code = torch.tensor([self.SIGNALS.index(self.signal_name) + 1 if self.signal_name else 0],
+                            device=accelerator.device)
+        code = _all_max(code)
+        return self.SIGNALS[int(code.item()) - 1] if int(code.item()) else None
+
+
+def _all_max(value: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value
 
 
 def train(session: Session) -> RunOutcome:
@@ -962,64 +1397,75 @@ def train(session: Session) -> RunOutcome:
     start_time, start_tokens = time.time(), session.tokens_seen
     last_eval_step, epoch_finished = -1, False
     model.train()
-    epoch = starting_epoch
-    for epoch in range(starting_epoch, session.num_train_epochs):
-        session.train_dataloader.set_epoch(epoch)
-        loader = session.train_dataloader
-        if epoch == starting_epoch and skip_batches:
-            loader = accelerator.skip_first_batches(session.train_dataloader, skip_batches)
-            loader.set_epoch(epoch)
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss = model(**session.build_inputs(batch)).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                session.optimizer.step()
-                session.scheduler.step()
-                session.optimizer.zero_grad()
-            value = loss.detach().float().item()
-            window_loss, window_batches = window_loss + value, window_batches + 1
-            run_loss, run_batches = run_loss + value, run_batches + 1
-            session.tokens_seen += batch["input_ids"].numel() * accelerator.num_processes
-            if not accelerator.sync_gradients:
-                continue
-            session.completed_steps += 1
-            step = session.completed_steps
-            tokens_per_second = (session.tokens_seen - start_tokens) / max(time.time() - start_time, 1e-9)
-            progress.update(1)
-            progress.set_postfix(loss=f"{value:.3f}", tok_s=f"{tokens_per_second:.0f}")
-            if step % args.logging_steps == 0 or step == session.max_train_steps:
-                session.metrics.log({"epoch": epoch, "train_loss": window_loss / window_batches,
-                                     "learning_rate": session.scheduler.get_last_lr()[0],
-                                     "tokens_per_second": tokens_per_second, "tokens_seen": session.tokens_seen},
-                                    step)
-                window_loss, window_batches = 0.0, 0
-            if args.eval_steps and step % args.eval_steps == 0:
-                eval_metrics = evaluate(model, session.eval_dataloader, accelerator, session.build_inputs, args.seed)
-                session.metrics.log({"epoch": epoch, **eval_metrics}, step)
-                say(f"step {step}: eval_loss {eval_metrics['eval_loss']:.4f}, "
-                               f"perplexity {eval_metrics['perplexity']:.2f}")
-                last_eval_step = step
-            if checkpoint_every and step % checkpoint_every == 0:
-                _checkpoint(session, f"step_{step}", epoch)
-            if step >= session.max_train_steps:
+    with StopOnSignal(say) as stopper:
+        epoch = starting_epoch
+        # A checkpoint of the last step (an interrupt at the end) resumes straight to the final evaluation and save.
+        first_epoch = starting_epoch if start_step < session.max_train_steps else session.num_train_epochs
+        for epoch in range(first_epoch, session.num_train_epochs):
+            session.train_dataloader.set_epoch(epoch)
+            loader = session.train_dataloader
+            if epoch == starting_epoch and skip_batches:
+                loader = accelerator.skip_first_batches(session.train_dataloader, skip_batches)
+                loader.set_epoch(epoch)
+            for batch in loader:
+                with accelerator.accumulate(model):
+                    loss = model(**session.build_inputs(batch)).loss
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and args.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    session.optimizer.step()
+                    session.scheduler.step()
+                    session.optimizer.zero_grad()
+                value = loss.detach().float().item()
+                window_loss, window_batches = window_loss + value, window_batches + 1
+                run_loss, run_batches = run_loss + value, run_batches + 1
+                session.tokens_seen += batch["input_ids"].numel() * accelerator.num_processes
+                if not accelerator.sync_gradients:
+                    continue
+                session.completed_steps += 1
+                step = session.completed_steps
+                tokens_per_second = (session.tokens_seen - start_tokens) / max(time.time() - start_time, 1e-9)
+                progress.update(1)
+                progress.set_postfix(loss=f"{value:.3f}", tok_s=f"{tokens_per_second:.0f}")
+                if step % args.logging_steps == 0 or step == session.max_train_steps:
+                    session.metrics.log({"epoch": epoch, "train_loss": window_loss / window_batches,
+                                         "learning_rate": session.scheduler.get_last_lr()[0],
+                                         "tokens_per_second": tokens_per_second,
+                                         "tokens_seen": session.tokens_seen}, step)
+                    window_loss, window_batches = 0.0, 0
+                if args.eval_steps and step % args.eval_steps == 0:
+                    eval_metrics = evaluate(model, session.eval_dataloader, accelerator, session.build_inputs,
+                                            args.seed)
+                    session.metrics.log({"epoch": epoch, **eval_metrics}, step)
+                    say(f"step {step}: eval_loss {eval_metrics['eval_loss']:.4f}, "
+                        f"perplexity {eval_metrics['perplexity']:.2f}")
+                    last_eval_step = step
+                saved = None
+                if checkpoint_every and step % checkpoint_every == 0:
+                    saved = _checkpoint(session, f"step_{step}", epoch)
+                stop_signal = stopper.requested(accelerator)
+                if stop_signal:  # SIGINT/SIGTERM: a checkpoint of this step, then stop
+                    saved = saved or _checkpoint(session, f"step_{step}", epoch)
+                    progress.close()
+                    accelerator.end_training()
+                    raise TrainingInterrupted(stop_signal, step, saved)
+                if step >= session.max_train_steps:
+                    break
+            else:  # the epoch ran to its end
+                epoch_finished = True
+            if not epoch_finished:
                 break
-        else:  # the epoch ran to its end
-            epoch_finished = True
-        if not epoch_finished:
-            break
-        epoch_finished = False
-        if args.eval_steps is None and session.completed_steps != last_eval_step:
-            eval_metrics = evaluate(model, session.eval_dataloader, accelerator, session.build_inputs, args.seed)
-            session.metrics.log({"epoch": epoch, **eval_metrics}, session.completed_steps)
-            say(f"epoch {epoch}: eval_loss {eval_metrics['eval_loss']:.4f}, "
-                           f"perplexity {eval_metrics['perplexity']:.2f}")
-            last_eval_step = session.completed_steps
-        if args.checkpointing_steps == "epoch":
-            _checkpoint(session, f"epoch_{epoch}", epoch)
-        if session.completed_steps >= session.max_train_steps:
-            break
+            epoch_finished = False
+            if args.eval_steps is None and session.completed_steps != last_eval_step:
+                eval_metrics = evaluate(model, session.eval_dataloader, accelerator, session.build_inputs, args.seed)
+                session.metrics.log({"epoch": epoch, **eval_metrics}, session.completed_steps)
+                say(f"epoch {epoch}: eval_loss {eval_metrics['eval_loss']:.4f}, "
+                    f"perplexity {eval_metrics['perplexity']:.2f}")
+                last_eval_step = session.completed_steps
+            if args.checkpointing_steps == "epoch":
+                _checkpoint(session, f"epoch_{epoch}", epoch)
+            if session.completed_steps >= session.max_train_steps:
+                break
     progress.close()
     runtime = time.time() - start_time
     if last_eval_step != session.completed_steps or eval_metrics is None:
@@ -1054,7 +1500,12 @@ def train(session: Session) -> RunOutcome:
             text = generate_sample(unwrapped, session.tokenizer, prompt, args.sample_max_new_tokens, args.seed)
             outcome.samples.append(text)
             print(f"--- sample ---\n{text}\n")
-        (output_dir / "all_results.json").write_text(json.dumps(results, indent=2))
+        if args.time_generation_list:
+            rows = time_generation(unwrapped, args.time_generation_list, seed=args.seed)
+            results["generation_ms_per_token"] = rows
+            print("Per-token generation time against the context length (batch 1, greedy, median of 8 tokens):")
+            print(format_generation_table(rows))
+        (output_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2))
         if args.push_to_hub:
             url = push_to_hub(args, output_dir, f"train_{args.task}: step {session.completed_steps}")
             print(f"pushed to {url}")
@@ -1087,9 +1538,24 @@ def run(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None = 
 def cli_main(task: str, argv: list[str] | None = None) -> None:
     """Entry point of the scripts: an input error prints ``error: ...`` and exits with status 2 before training."""
     args = parse_args(task, argv)
+    script = Path(sys.argv[0]).name
     try:
         session = setup(args, task)
     except (UsageError, FileNotFoundError) as error:
-        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        print(f"{script}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    train(session)
+    except KeyboardInterrupt:
+        print(f"{script}: interrupted before training started; nothing to save.", file=sys.stderr)
+        raise SystemExit(EXIT_CODES["SIGINT"]) from None
+    try:
+        train(session)
+    except TrainingInterrupted as stop:
+        print(f"{script}: stopped by {stop.signal_name} at step {stop.step}; saved checkpoint {stop.checkpoint}; "
+              f"resume with --resume_from_checkpoint {stop.checkpoint}", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
+    except KeyboardInterrupt:
+        latest = find_latest_checkpoint(args.output_dir)
+        where = (f"; the newest checkpoint is {latest}: resume with --resume_from_checkpoint {latest}" if latest
+                 else "; no checkpoint was written")
+        print(f"{script}: interrupted{where}", file=sys.stderr)
+        raise SystemExit(EXIT_CODES["SIGINT"]) from None

@@ -264,7 +264,7 @@ def test_crash_mid_checkpoint_leaves_no_valid_checkpoint(tmp_path, text_files, m
         lt.resolve_checkpoint(str(partial), str(tmp_path))
 
     monkeypatch.setattr(Accelerator, "save_state", original)
-    run("clm", argv)  # the next run overwrites the leftover and completes the checkpoint
+    run("clm", argv + ["--overwrite_output_dir"])  # a new run there replaces the leftover, completes the checkpoint
     assert lt.is_valid_checkpoint(tmp_path / "step_2") and not partial.exists()
 
 
