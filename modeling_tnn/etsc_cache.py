@@ -195,6 +195,46 @@ class TnnCache(Cache):
             )
 
 
+# -- torch.export / torch.compile: the cache as a pytree of its tensors ----------------------------------------------
+_LAYER_TENSORS = ("lam", "coef", "reversed_taps")
+
+
+def _flatten_cache(cache: TnnCache):
+    children = []
+    for layer in cache.layers:
+        children += [layer.recurrent_states[0], *(getattr(layer, name) for name in _LAYER_TENSORS)]
+    context = (cache.mode, cache.etsc_length, cache._seen_tokens, cache._warned,
+               tuple((layer.plan, layer.has_previous_state[0]) for layer in cache.layers))
+    return children, context
+
+
+def _unflatten_cache(children, context) -> TnnCache:
+    mode, etsc_length, seen, warned, layers = context
+    cache = TnnCache.__new__(TnnCache)
+    Cache.__init__(cache, layers=[TnnCacheLayer() for _ in layers])
+    cache.mode, cache.etsc_length, cache._seen_tokens, cache._warned = mode, etsc_length, seen, warned
+    width = 1 + len(_LAYER_TENSORS)
+    for index, (layer, (plan, has_state)) in enumerate(zip(cache.layers, layers)):
+        state, *constants = children[index * width: (index + 1) * width]
+        layer.plan = plan
+        for name, value in zip(_LAYER_TENSORS, constants):
+            setattr(layer, name, value)
+        if state is not None:
+            layer.update_recurrent_state(state)
+        layer.has_previous_state[0] = has_state
+    return cache
+
+
+torch.utils._pytree.register_pytree_node(
+    TnnCache, _flatten_cache, _unflatten_cache,
+    serialized_type_name=f"{__name__}.TnnCache",
+    flatten_with_keys_fn=lambda cache: (
+        [(torch.utils._pytree.SequenceKey(i), child) for i, child in enumerate(_flatten_cache(cache)[0])],
+        _flatten_cache(cache)[1],
+    ),
+)
+
+
 # -- kernel constants --------------------------------------------------------------------------------------------
 def _ssm_constants(mixer: TokenMixer, plan: DecodePlan, device: torch.device,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -201,11 +201,11 @@ def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int 
     return _BlockConvolution.apply(x.contiguous(), kernel, fft_len, step, offset)
 
 
-def _in_fake_mode() -> bool:
-    """True while tracing with fake tensors (torch.export's non-strict mode, FakeTensorMode)."""
+def tracing() -> bool:
+    """True under torch.compile or torch.export, where parameters may be fake tensors (no storage, no values)."""
     from torch._guards import detect_fake_mode
 
-    return detect_fake_mode() is not None
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or detect_fake_mode() is not None
 
 
 class TokenMixer(nn.Module):
@@ -264,8 +264,7 @@ class TokenMixer(nn.Module):
 
     def _memoising(self) -> bool:
         # Under torch.compile / torch.export parameters are fake tensors (no storage to key on): trace the maths.
-        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting() or _in_fake_mode()
-        return not (self.training or torch.is_grad_enabled() or tracing)
+        return not (self.training or torch.is_grad_enabled() or tracing())
 
     def convolution_kernel(self, key: Hashable, layout: Callable[[], torch.Tensor],
                            spectrum: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, fft_length
+from .mixer_base import TokenMixer, fft_convolve, fft_length, tracing
 from .rpe import Rpe
 
 # float32's unit roundoff: kernel taps below it relative to the kernel's peak change no float32 output.
@@ -25,6 +25,7 @@ class DenseTno(TokenMixer):
         super().__init__(channels, causal=bool(config.causal))
         self.gamma = float(config.decay_gamma)
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels)
+        self._traced_support: int | None = None
 
     def rpe_values(self, lags: torch.Tensor) -> torch.Tensor:
         """The pre-decay kernel ``RPE(k)`` at integer ``lags`` (L,) -> (L, channels)."""
@@ -86,10 +87,18 @@ class DenseTno(TokenMixer):
         """
         if self.gamma >= 1:
             return None
-        return self.cached(("support", device), lambda: self._kernel_support(device))
+        if tracing():
+            # Fake parameters have no values: the last support measured eagerly, else twice gamma's horizon (exact
+            # unless the RPE's supremum exceeds 2**24 times the kernel's peak).
+            return self._traced_support or 2 * self._horizon()
+        self._traced_support = self.cached(("support", device), lambda: self._kernel_support(device))
+        return self._traced_support
+
+    def _horizon(self) -> int:
+        return math.ceil(math.log(FLOAT32_RESOLUTION) / math.log(self.gamma))
 
     def _kernel_support(self, device: torch.device) -> int | None:
-        horizon = math.ceil(math.log(FLOAT32_RESOLUTION) / math.log(self.gamma))
+        horizon = self._horizon()
         if horizon > MAX_SUPPORT:
             return None
         dense = torch.arange(2 * horizon, device=device, dtype=torch.float64)

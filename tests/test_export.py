@@ -1,0 +1,80 @@
+"""torch.export and torch.compile give the eager outputs: the forward of every mixer, and a prefill + decode step
+with the generation cache (a pytree of its state tensors)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from modeling_tnn import TnnForCausalLM, TnnModel
+from modeling_tnn.modeling_tnn import CACHE_FIELD
+
+from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
+
+
+def _model(mixer):
+    causal = mixer != "ski"
+    config = tiny_config(mixer, causal=causal, decay_gamma=0.9)  # a short SSM period: the prompt passes it
+    return (TnnForCausalLM(config) if causal else TnnModel(config)).eval()
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output.to_tuple()[0]
+
+
+def _assert_same_states(a, b):
+    assert a.get_seq_length() == b.get_seq_length()
+    for x, y in zip(a.layers, b.layers):
+        torch.testing.assert_close(x.recurrent_states[0], y.recurrent_states[0])
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_export_of_the_forward_gives_the_eager_outputs(mixer):
+    model = _model(mixer)
+    ids = torch.randint(1, 128, (2, 12))
+    with torch.no_grad():
+        program = torch.export.export(model, (), {"input_ids": ids})  # a causal model returns its cache too
+        torch.testing.assert_close(_first(program.module()(input_ids=ids)), _first(model(input_ids=ids)))
+
+
+@pytest.mark.parametrize("measured", [False, True])
+@pytest.mark.parametrize("prompt", [20, 400])  # dense: within the SSM's period (a window), then past it (the SSM)
+@pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
+def test_export_of_a_prefill_and_a_decode_step(mixer, prompt, measured):
+    """The exported prefill and decode step give the eager logits. Traced before any eager decode, a dense model
+    sizes its state from gamma alone (twice its horizon: exact too, larger); after one, exactly as eager does."""
+    model = _model(mixer)
+    ids, token = torch.randint(1, 128, (2, prompt)), torch.randint(1, 128, (2, 1))
+    with torch.no_grad():
+        if measured:
+            model(input_ids=ids[:, :2], use_cache=True)
+        prefill = torch.export.export(model, (), {"input_ids": ids, "use_cache": True})
+        exported = prefill.module()(input_ids=ids, use_cache=True)
+        eager = model(input_ids=ids, use_cache=True)
+        torch.testing.assert_close(exported.logits, eager.logits)
+        exported_cache, eager_cache = getattr(exported, CACHE_FIELD), getattr(eager, CACHE_FIELD)
+        if measured or mixer == "fd":
+            _assert_same_states(exported_cache, eager_cache)
+
+        step = torch.export.export(model, (), {"input_ids": token, CACHE_FIELD: copy.deepcopy(exported_cache)})
+        exported = step.module()(input_ids=token, **{CACHE_FIELD: exported_cache})
+        eager = model(input_ids=token, **{CACHE_FIELD: eager_cache})
+        torch.testing.assert_close(exported.logits, eager.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_compiled_model_gives_the_eager_outputs(mixer):
+    """Dynamo + AOTAutograd (backend "aot_eager": the graph capture torch.compile does, without inductor's C++
+    build, which takes minutes here) in eval mode and, for a causal model, a decode step on the returned cache."""
+    torch._dynamo.reset()
+    model = _model(mixer)
+    compiled = torch.compile(model, backend="aot_eager")
+    ids, token = torch.randint(1, 128, (2, 12)), torch.randint(1, 128, (2, 1))
+    with torch.no_grad():
+        out, reference = compiled(input_ids=ids), model(input_ids=ids)
+        torch.testing.assert_close(_first(out), _first(reference))
+        if mixer != "ski":
+            step = compiled(input_ids=token, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+            torch.testing.assert_close(step.logits, model(input_ids=token, **{CACHE_FIELD: getattr(reference, CACHE_FIELD)}).logits)
