@@ -1,16 +1,23 @@
 # Each target installs what it needs into .venv: the CPU build of torch first (a plain `torch` requirement would
-# pull a CUDA build of several GB), then the project.
+# pull a CUDA build of several GB on Linux), then the project.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
+# Where torch comes from: PyTorch's CPU wheel index by default, added to pip's own indexes (its 2.13.0+cpu wheel
+# wins over PyPI's CUDA one). Override it for a GPU build, e.g. `make install
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128`, or set it empty (`TORCH_INDEX_URL=`) to take torch from
+# pip's configured indexes alone. One retry per request: where the index cannot be reached (offline mirrors, a
+# local wheel cache) pip moves on to its other sources within seconds instead of retrying each package for ~8 s.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_PIP_FLAGS = $(if $(strip $(TORCH_INDEX_URL)),--extra-index-url $(TORCH_INDEX_URL) --retries 1)
 
 .PHONY: install demo test glue clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
