@@ -60,3 +60,27 @@ def test_make_install_takes_torch_from_the_cpu_index_by_default():
     assert "--extra-index-url https://download.pytorch.org/whl/cu128" in line and CPU_INDEX not in line
     (line,) = _dry_run_install("TORCH_INDEX_URL=")  # empty: pip's configured indexes alone
     assert "--extra-index-url" not in line and "--retries" not in line
+
+
+def test_readme_install_steps():
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    assert "source .venv/bin/activate" in readme  # without it `python run_scripts/...` finds no torch
+    assert f"pip install torch --index-url {CPU_INDEX}" in readme and "pip install -e ." in readme
+    assert "TORCH_INDEX_URL" in readme
+    # $TNN_DATA_DIR is set before the first snippet that reads it.
+    first_use = readme.index("$TNN_DATA_DIR")
+    assert "export TNN_DATA_DIR=" in readme[:first_use]
+
+
+def test_small_preset_states_its_parameter_count():
+    """The `small` preset's description and the README table give its causal-LM size with its own vocabulary."""
+    import json
+
+    from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, load_preset
+
+    causal = sum(p.numel() for p in TnnForCausalLM(load_preset("small")).parameters() if p.requires_grad)
+    masked = sum(p.numel() for p in TnnForMaskedLM(load_preset("small")).parameters() if p.requires_grad)
+    description = json.loads((PROJECT_ROOT / "configuration" / "small.json").read_text())["_description"]
+    assert f"{causal:,} parameters as a causal LM" in description
+    row = next(line for line in (PROJECT_ROOT / "README.md").read_text().splitlines() if line.startswith("| `small` |"))
+    assert f"{causal:,} parameters as a causal LM" in row and f"{masked:,} as a masked LM" in row
