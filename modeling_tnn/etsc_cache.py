@@ -90,9 +90,10 @@ def decode_plan(mixer: TokenMixer, mode: str, etsc_length: int, device: torch.de
     support = mixer.kernel_support(device)
     decays = mixer.ssm_kernel_decay() < 1
     if mode == "auto":
-        # Exact wherever it is not slower: FD's window (an SSM cannot end a kernel), and for a decaying dense kernel
-        # the SSM of its support (measured faster than the window of the same span: bench_generation.py).
-        mode = "etsc" if support is None or decays else "exact"
+        # Exact wherever the kernel has a float32 support: a window of that many inputs (FD; dense with gamma < 1,
+        # where it reads 1.4-1.8x faster than the exact SSM of the same span, which updates twice as many reals
+        # in place). ETSC where nothing exact runs in constant memory (a kernel that does not decay).
+        mode = "exact" if support is not None else "etsc"
     if mode == "exact":
         return DecodePlan("window", capacity=support)
     if support is not None and decays:
@@ -260,7 +261,7 @@ def _reversed_taps(mixer: TokenMixer, width: int, device: torch.device, dtype: t
 
 
 # -- the window of past inputs ------------------------------------------------------------------------------------
-READ_CHUNK_ELEMENTS = 1 << 18  # elements of one window read's temporary product (1 MiB of float32)
+READ_CHUNK_ELEMENTS = 1 << 20  # elements of one window read's temporary product (4 MiB of float32)
 
 def _window_capacity(plan: DecodePlan, needed: int) -> int:
     """Slots of a window plan's buffer: its support, or (growing history) a smooth size >= ``needed``."""
@@ -294,7 +295,7 @@ def _window_read(buffer: torch.Tensor, reversed_taps: torch.Tensor, position: in
         buffer, taps = buffer[:, :, :filled], taps[:, :filled]
     b, c, width = buffer.shape
     # Channel chunks keep the product's temporary small: a fresh buffer of the window's size costs page faults
-    # (measured 4x slower at batch 8 than these chunks, which the allocator reuses while they are hot in cache).
+    # (measured 4-10x slower at batch 8 than these chunks, which the allocator reuses).
     step = max(1, READ_CHUNK_ELEMENTS // (b * width))
     if step >= c:
         return (buffer * taps).sum(-1)
