@@ -1,10 +1,17 @@
 #!/usr/bin/env python
-"""Per-token decode latency and cache memory against context length, and the ETSC error past its horizon.
+"""Generation with the TNN cache against attention's KV cache: per-token decode latency (batch 1 and 8) and state
+memory against context length, the prefill of a long prompt, and the cached decoder's error against the no-cache
+forward up to 32x the ETSC conversion length.
 
-Decoders: TNN with the ETSC cache, TNN with the exact cache (dense: the history of mixer inputs; FD: a fixed
-window), TNN without a cache (a full recompute per token), and GPT-2 (transformers' GPT2LMHeadModel with its KV
-cache; same width, depth and vocabulary, position table sized to fit). For each context length the state is built
-by one prefill, then single-token steps are timed; rounds interleave all decoders, medians are reported.
+Decoders: TNN (dense and fd) with the default cache (``generation_cache="auto"``), dense with the exact window,
+dense without a cache (a full recompute per token, short contexts only), and GPT-2 and Llama from transformers
+(sdpa, their default DynamicCache), tied embeddings, same width, depth and vocabulary, MLP width solved so that the
+parameter count matches TNN's (GPT-2's position table, which it needs for long contexts, is counted apart).
+
+Each state is built once per (decoder, batch, context): a KV cache of random keys and values of that length; the TNN
+state from a prefill of the last min(context, 2048) tokens with the seen count then set to the context (a step
+costs what the state's shape says, and every state reaches its final shape within 2048 tokens). Rounds interleave
+every (decoder, batch, context), one single-token step each, so load that varies over time hits all alike; medians.
 
     python run_scripts/bench_generation.py --output_dir results/bench_generation
 """
@@ -15,28 +22,73 @@ import argparse
 import json
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
+STATE_PREFILL = 2048  # every TNN decoding state has its final shape after this many tokens (see the docstring)
+
 
 def tnn(args, mixer: str) -> TnnForCausalLM:
-    config = load_preset("small", token_mixer=mixer, hidden_size=args.hidden_size,
-                         num_hidden_layers=args.num_layers, vocab_size=args.vocab_size, dropout=0.0,
-                         etsc_length=args.etsc_length, fd_kernel_length=args.etsc_length)
+    config = load_preset("small", token_mixer=mixer, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
+                         vocab_size=args.vocab_size, dropout=0.0, etsc_length=args.etsc_length,
+                         fd_kernel_length=args.etsc_length)
     return TnnForCausalLM(config).eval()
 
 
-def gpt2(args, max_context: int) -> GPT2LMHeadModel:
-    config = GPT2Config(vocab_size=args.vocab_size, n_positions=max_context + 16, n_embd=args.hidden_size,
-                        n_layer=args.num_layers, n_head=max(1, args.hidden_size // 64), resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
-    return GPT2LMHeadModel(config).eval()
+def parameters(model: torch.nn.Module, skip: str | None = None) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if skip is None or skip not in name)
+
+
+def _matched_width(build, target: int, low: int = 16, high: int = 16384) -> int:
+    """The MLP width whose model has the parameter count closest to ``target`` (the count grows with the width)."""
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if build(middle)[1] <= target else (low, middle)
+    return min((low, high), key=lambda width: abs(build(width)[1] - target))
+
+
+def gpt2(args, max_context: int, width: int) -> tuple[GPT2LMHeadModel, int]:
+    config = GPT2Config(vocab_size=args.vocab_size, n_positions=max_context + args.rounds + 64, n_embd=args.hidden_size,
+                        n_layer=args.num_layers, n_head=args.hidden_size // 64, n_inner=width, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
+                        tie_word_embeddings=True, attn_implementation="sdpa")
+    with torch.device("meta"):
+        counted = parameters(GPT2LMHeadModel(config), skip="wpe")
+    return config, counted
+
+
+def llama(args, width: int) -> tuple[LlamaConfig, int]:
+    config = LlamaConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=width,
+                         num_hidden_layers=args.num_layers, num_attention_heads=args.hidden_size // 64,
+                         num_key_value_heads=args.hidden_size // 64, tie_word_embeddings=True,
+                         max_position_embeddings=1 << 17, attn_implementation="sdpa")
+    with torch.device("meta"):
+        counted = parameters(LlamaForCausalLM(config))
+    return config, counted
+
+
+def baselines(args, target: int, max_context: int) -> dict[str, torch.nn.Module]:
+    gpt2_config, _ = gpt2(args, max_context, _matched_width(lambda w: gpt2(args, max_context, w), target))
+    llama_config, _ = llama(args, _matched_width(lambda w: llama(args, w), target))
+    return {"gpt2": GPT2LMHeadModel(gpt2_config).eval(), "llama": LlamaForCausalLM(llama_config).eval()}
+
+
+def kv_cache(model, batch: int, context: int) -> DynamicCache:
+    """A KV cache of ``context`` random keys and values: what attention reads and grows at every step."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = config.hidden_size // heads
+    cache = DynamicCache(config=config)
+    for layer in range(config.num_hidden_layers):
+        cache.update(torch.randn(batch, heads, context, head_dim), torch.randn(batch, heads, context, head_dim), layer)
+    return cache
 
 
 def cache_bytes(cache) -> int:
@@ -45,36 +97,36 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
-def decoder(name: str, model, context: int, vocab: int):
-    """(step closure, memory in bytes) for one decoder at one context length."""
-    ids = torch.randint(1, vocab, (1, context))
-    token = torch.randint(1, vocab, (1, 1))
-    if name == "no cache":
-        def step():
-            model(input_ids=ids)
-        return step, 0
-    kwargs = {"generation_cache": "exact" if name.startswith("exact") else "etsc"} if name != "gpt2" else {}
-    with torch.no_grad():
-        out = model(input_ids=ids, use_cache=True, **kwargs)
-    cache = getattr(out, CACHE_FIELD)
+def decoder(name: str, model, batch: int, context: int, vocab: int):
+    """(one decode step, state bytes) for ``name`` at (batch, context)."""
+    token = torch.randint(1, vocab, (batch, 1))
+    if name.startswith("no cache"):
+        ids = torch.randint(1, vocab, (batch, context + 1))
+        return (lambda: model(input_ids=ids, use_cache=False)), 0
+    if name in ("gpt2", "llama"):
+        cache = kv_cache(model, batch, context)
+    else:
+        mode = "exact" if "exact" in name else "auto"
+        out = model(input_ids=torch.randint(1, vocab, (batch, min(context, STATE_PREFILL))), use_cache=True,
+                    generation_cache=mode, logits_to_keep=1)
+        cache = getattr(out, CACHE_FIELD)
+        cache._seen_tokens = context
+    memory = cache_bytes(cache)
 
     def step():
         model(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
-    return step, cache_bytes(cache)
+    return step, memory
 
 
-def latency(args) -> list[dict]:
+def latency(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     contexts = [int(c) for c in args.contexts.split(",")]
-    models = {"etsc (dense)": tnn(args, "dense"), "etsc (fd)": tnn(args, "fd"), "exact (dense)": None,
-              "exact (fd)": None, "no cache": None, "gpt2": gpt2(args, max(contexts))}
-    models["exact (dense)"] = models["no cache"] = models["etsc (dense)"]
-    models["exact (fd)"] = models["etsc (fd)"]
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    plan = [(name, batch, context) for batch in batches for context in contexts for name in models
+            if not (name.startswith("no cache") and context > args.no_cache_max_context)]
     results = []
-    with torch.no_grad():
-        # All (context, decoder) pairs are built first and timed in interleaved rounds, so load that varies over
-        # time hits every context alike and the flatness ratio t(8192) / t(256) compares like with like.
-        steps = {(name, context): decoder(name, model, context, args.vocab_size)
-                 for context in tqdm(contexts, desc="prefill") for name, model in models.items()}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        steps = {key: decoder(*key[:1], models[key[0]], *key[1:], args.vocab_size) for key in tqdm(plan, desc="states")}
         for step, _ in steps.values():
             step()  # warm-up
         times = {key: [] for key in steps}
@@ -83,112 +135,200 @@ def latency(args) -> list[dict]:
                 start = time.perf_counter()
                 step()
                 times[key].append(time.perf_counter() - start)
-        for (name, context), (_, memory) in steps.items():
-            results.append(dict(decoder=name, context=context, median_ms=1000 * statistics.median(times[(name, context)]),
-                                cache_bytes=memory))
+    for (name, batch, context), (_, memory) in steps.items():
+        samples = times[(name, batch, context)]
+        results.append(dict(decoder=name, batch=batch, context=context, median_ms=1000 * statistics.median(samples),
+                            mean_ms=1000 * statistics.fmean(samples), state_bytes=memory))
     return results
 
 
+def prefill(args, models: dict[str, torch.nn.Module]) -> list[dict]:
+    """Time of one forward over a ``prefill_length`` prompt that returns the decoding state (batch 1)."""
+    ids = torch.randint(1, args.vocab_size, (1, args.prefill_length))
+    names = [n for n in models if not n.startswith("no cache") and "exact" not in n]
+    times = {name: [] for name in names}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in tqdm(range(args.prefill_rounds), desc="prefill rounds"):
+            for name in names:
+                start = time.perf_counter()
+                models[name](input_ids=ids, use_cache=True, logits_to_keep=1)
+                times[name].append(time.perf_counter() - start)
+    return [dict(decoder=name, tokens=args.prefill_length, median_s=statistics.median(t)) for name, t in times.items()]
+
+
 def horizon_error(args) -> list[dict]:
-    """Max |logit error| of cached decoding against the full recompute, at 1x, 2x and 4x the conversion length."""
+    """Relative max logit error of cached decoding against the no-cache forward: a prompt of ``total - tokens``,
+    then ``tokens`` single steps, at multiples of the conversion length."""
     rows = []
-    with torch.no_grad():
+    multiples = [int(m) for m in args.error_multiples.split(",")]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         for mixer in ("dense", "fd"):
             model = tnn(args, mixer)
-            for mode in ("etsc", "exact"):
-                for multiple in (1, 2, 4):
-                    total = multiple * args.etsc_length
-                    ids = torch.randint(1, args.vocab_size, (1, total))
-                    prompt, tail = ids[:, : total - args.error_tokens], ids[:, total - args.error_tokens:]
-                    out = model(input_ids=prompt, use_cache=True, generation_cache=mode)
+            for multiple in tqdm(multiples, desc=f"error ({mixer})"):
+                total = multiple * args.etsc_length
+                ids = torch.randint(1, args.vocab_size, (1, total))
+                full = model(input_ids=ids, use_cache=False).logits[0, -args.error_tokens:]
+                for mode in ("auto", "etsc", "exact"):
+                    if mixer == "dense" and mode == "exact" and args.decay_gamma == 1.0:
+                        continue
+                    prompt = total - args.error_tokens
+                    out = model(input_ids=ids[:, :prompt], use_cache=True, generation_cache=mode, logits_to_keep=1)
                     cache = getattr(out, CACHE_FIELD)
-                    decoded = [model(input_ids=tail[:, i:i + 1], **{CACHE_FIELD: cache}).logits[:, -1]
-                               for i in range(tail.shape[1])]
-                    full = model(input_ids=ids).logits[0, -args.error_tokens:]
-                    error = (torch.cat(decoded) - full).abs()
-                    rows.append(dict(mixer=mixer, mode=mode, context=total, multiple=multiple,
-                                     max_abs_error=error.max().item(),
-                                     relative_error=(error.max() / full.abs().max()).item()))
+                    decoded = [model(input_ids=ids[:, i:i + 1], **{CACHE_FIELD: cache}).logits[0, -1]
+                               for i in range(prompt, total)]
+                    error = (torch.stack(decoded) - full).abs().max()
+                    plan = cache.layers[0].plan
+                    rows.append(dict(mixer=mixer, mode=mode, state=f"{plan.kind} {plan.period or plan.capacity}",
+                                     context=total, multiple=multiple, max_abs_error=error.item(),
+                                     relative_error=(error / full.abs().max()).item()))
     return rows
+
+
+def summarise(results: list[dict], contexts: list[int], batches: list[int]) -> dict:
+    get = {(r["decoder"], r["batch"], r["context"]): r["median_ms"] for r in results}
+    summary = {}
+    for name in ("tnn dense", "tnn fd"):
+        for batch in batches:
+            key = f"{name}, batch {batch}"
+            ratios = {c: get[("llama", batch, c)] / get[(name, batch, c)] for c in contexts}
+            summary[key] = dict(
+                llama_over_tnn=ratios,
+                gpt2_over_tnn={c: get[("gpt2", batch, c)] / get[(name, batch, c)] for c in contexts},
+                flatness=get[(name, batch, max(contexts))] / get[(name, batch, min(contexts))],
+            )
+    return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--contexts", default="256,512,1024,2048,4096,8192")
+    parser.add_argument("--contexts", default="256,512,1024,2048,4096,8192,16384,32768")
+    parser.add_argument("--batch_sizes", default="1,8")
     parser.add_argument("--hidden_size", type=int, default=256)
     parser.add_argument("--num_layers", type=int, default=4)
     parser.add_argument("--vocab_size", type=int, default=8192)
     parser.add_argument("--etsc_length", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--error_tokens", type=int, default=8, help="decoded tokens compared in the horizon test")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--decay_gamma", type=float, default=0.99)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--no_cache_max_context", type=int, default=2048)
+    parser.add_argument("--prefill_length", type=int, default=8192)
+    parser.add_argument("--prefill_rounds", type=int, default=3)
+    parser.add_argument("--error_multiples", default="1,2,4,8,16,32")
+    parser.add_argument("--error_tokens", type=int, default=8, help="decoded tokens compared in the error table")
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output_dir", default="results/bench_generation")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    results = latency(args)
-    errors = horizon_error(args)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    batches = [int(b) for b in args.batch_sizes.split(",")]
 
-    contexts = sorted({r["context"] for r in results})
-    names = list(dict.fromkeys(r["decoder"] for r in results))
-    get = {(r["decoder"], r["context"]): r for r in results}
-    lines = ["| context | " + " | ".join(f"{n} ms" for n in names) + " | etsc (dense) cache MB | gpt2 cache MB |",
-             "|---" * (len(names) + 3) + "|"]
-    for c in contexts:
-        lines.append(f"| {c} | " + " | ".join(f"{get[(n, c)]['median_ms']:.2f}" for n in names)
-                     + f" | {get[('etsc (dense)', c)]['cache_bytes'] / 2**20:.1f}"
-                     + f" | {get[('gpt2', c)]['cache_bytes'] / 2**20:.1f} |")
-    table = "\n".join(lines)
-    err_lines = ["| mixer | cache | context (x conversion length) | max abs logit error | relative |", "|---|---|---|---|---|"]
-    for e in errors:
-        err_lines.append(f"| {e['mixer']} | {e['mode']} | {e['context']} ({e['multiple']}x) | "
-                         f"{e['max_abs_error']:.2e} | {e['relative_error']:.2e} |")
-    err_table = "\n".join(err_lines)
-    summary = {}
-    if {256, 4096, 8192} <= set(contexts):
-        etsc = {c: get[("etsc (dense)", c)]["median_ms"] for c in contexts}
-        summary = dict(
-            etsc_8192_over_256=etsc[8192] / etsc[256],
-            no_cache_over_etsc_at_4096=get[("no cache", 4096)]["median_ms"] / etsc[4096],
-            gpt2_over_etsc_at_8192=get[("gpt2", 8192)]["median_ms"] / etsc[8192],
-            etsc_memory_constant=len({get[("etsc (dense)", c)]["cache_bytes"] for c in contexts}) == 1,
-        )
+    dense, fd = tnn(args, "dense"), tnn(args, "fd")
+    counts = {"tnn dense": parameters(dense), "tnn fd": parameters(fd)}
+    models = {"tnn dense": dense, "tnn fd": fd, "tnn dense (exact)": dense, "no cache (dense)": dense,
+              **baselines(args, counts["tnn dense"], max(contexts))}
+    counts["gpt2"] = parameters(models["gpt2"], skip="wpe")
+    counts["gpt2 position table"] = models["gpt2"].transformer.wpe.weight.numel()
+    counts["llama"] = parameters(models["llama"])
+    print("parameters:", json.dumps(counts))
+
+    results = latency(args, models)
+    prefills = prefill(args, models)
+    errors = horizon_error(args)
+    summary = summarise(results, contexts, batches)
 
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(command="python run_scripts/bench_generation.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if v is not None), torch=torch.__version__,
-        threads=torch.get_num_threads())
-    (out / "results.json").write_text(json.dumps(dict(meta=meta, summary=summary, latency=results,
+        threads=torch.get_num_threads(), parameters=counts)
+    (out / "results.json").write_text(json.dumps(dict(meta=meta, summary=summary, latency=results, prefill=prefills,
                                                       horizon_error=errors), indent=1))
-    (out / "table.md").write_text(table + "\n\n" + err_table + "\n")
-    plot(results, names, contexts, out / "latency.png")
-    print(table, "\n\n" + err_table)
-    print("summary:", json.dumps(summary, indent=1))
-    print(f"wrote {out}/results.json, table.md, latency.png")
+    tables = render(results, prefills, errors, summary, contexts, batches)
+    (out / "table.md").write_text(tables + "\n")
+    plot(results, errors, contexts, batches, out / "generation.png")
+    print(tables)
+    print(f"wrote {out}/results.json, table.md, generation.png")
 
 
-def plot(results, names, contexts, path: Path) -> None:
+def render(results, prefills, errors, summary, contexts, batches) -> str:
+    get = {(r["decoder"], r["batch"], r["context"]): r for r in results}
+    names = list(dict.fromkeys(r["decoder"] for r in results))
+    parts = []
+    for batch in batches:
+        lines = [f"Per-token decode, batch {batch} (median ms; state MB = decoding state of the whole batch)", "",
+                 "| context | " + " | ".join(names) + " | tnn dense MB | tnn fd MB | llama KV MB | gpt2 KV MB |",
+                 "|---" * (len(names) + 5) + "|"]
+        for c in contexts:
+            cells = [f"{get[(n, batch, c)]['median_ms']:.2f}" if (n, batch, c) in get else "—" for n in names]
+            memory = [get[(n, batch, c)]["state_bytes"] / 2**20 for n in ("tnn dense", "tnn fd", "llama", "gpt2")]
+            lines.append(f"| {c} | " + " | ".join(cells) + " | " + " | ".join(f"{m:.1f}" for m in memory) + " |")
+        parts.append("\n".join(lines))
+    lines = ["Speed-up of TNN's decode step (baseline ms / TNN ms; > 1: TNN faster), and flatness t(max)/t(min)", "",
+             "| TNN, batch | " + " | ".join(f"llama {c}" for c in contexts) + " | gpt2 at max | flatness |",
+             "|---" * (len(contexts) + 3) + "|"]
+    for key, row in summary.items():
+        lines.append(f"| {key} | " + " | ".join(f"{row['llama_over_tnn'][c]:.2f}" for c in contexts)
+                     + f" | {row['gpt2_over_tnn'][max(contexts)]:.2f} | {row['flatness']:.2f} |")
+    parts.append("\n".join(lines))
+    lines = [f"Prefill of a {prefills[0]['tokens']}-token prompt, batch 1 (median s)", "",
+             "| " + " | ".join(p["decoder"] for p in prefills) + " |", "|---" * len(prefills) + "|",
+             "| " + " | ".join(f"{p['median_s']:.2f}" for p in prefills) + " |"]
+    parts.append("\n".join(lines))
+    lines = ["Cached decoding against the no-cache forward (relative max logit error of the last steps)", "",
+             "| mixer | cache | state (per layer) | " + " | ".join(
+                 f"{m}x" for m in sorted({e['multiple'] for e in errors})) + " |",
+             "|---" * (3 + len({e['multiple'] for e in errors})) + "|"]
+    for mixer, mode in dict.fromkeys((e["mixer"], e["mode"]) for e in errors):
+        row = sorted((e for e in errors if e["mixer"] == mixer and e["mode"] == mode), key=lambda e: e["multiple"])
+        lines.append(f"| {mixer} | {mode} | {row[-1]['state']} | "
+                     + " | ".join(f"{e['relative_error']:.1e}" for e in row) + " |")
+    parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def plot(results, errors, contexts, batches, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    get = {(r["decoder"], r["context"]): r for r in results}
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5))
-    for name in names:
-        ax_t.plot(contexts, [get[(name, c)]["median_ms"] for c in contexts], marker="o", label=name)
-        if name not in ("no cache",):
-            ax_m.plot(contexts, [get[(name, c)]["cache_bytes"] / 2**20 for c in contexts], marker="o", label=name)
-    for ax, label in ((ax_t, "per-token latency (ms, median)"), (ax_m, "cache memory (MiB)")):
+    get = {(r["decoder"], r["batch"], r["context"]): r for r in results}
+    names = list(dict.fromkeys(r["decoder"] for r in results))
+    fig, axes = plt.subplots(1, len(batches) + 2, figsize=(6 * (len(batches) + 2), 5))
+    for ax, batch in zip(axes, batches):
+        for name in names:
+            xs = [c for c in contexts if (name, batch, c) in get]
+            ax.plot(xs, [get[(name, batch, c)]["median_ms"] for c in xs], marker="o", label=name)
+        ax.set_title(f"per-token decode, batch {batch}")
+        ax.set_ylabel("ms per token (median)")
+    ax = axes[len(batches)]
+    for name in ("tnn dense", "tnn fd", "tnn dense (exact)", "llama", "gpt2"):
+        ax.plot(contexts, [get[(name, batches[-1], c)]["state_bytes"] / 2**20 for c in contexts], marker="o",
+                label=name)
+    ax.set_title(f"decoding state, batch {batches[-1]}")
+    ax.set_ylabel("MiB")
+    for ax in axes[: len(batches) + 1]:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("context length")
-        ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("TNN decoding: ETSC cache vs exact cache vs full recompute vs GPT-2 KV cache (batch 1)")
+    ax = axes[-1]
+    for mixer, mode in dict.fromkeys((e["mixer"], e["mode"]) for e in errors):
+        row = sorted((e for e in errors if e["mixer"] == mixer and e["mode"] == mode), key=lambda e: e["multiple"])
+        ax.plot([e["multiple"] for e in row], [max(e["relative_error"], 1e-9) for e in row], marker="o",
+                label=f"{mixer} {mode}")
+    ax.axhline(1e-4, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context / etsc_length")
+    ax.set_ylabel("relative max logit error")
+    ax.set_title("cached decoding vs no-cache forward")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle("TNN decoding (generation_cache='auto') against GPT-2 and Llama KV caches, one thread")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
