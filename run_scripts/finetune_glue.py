@@ -267,11 +267,18 @@ def _glue_splits(task: GlueTask, data_args: DataTrainingArguments, splits: list[
             raise UsageError(str(error)) from None
     from datasets import load_dataset
 
-    raw = load_dataset(data_args.dataset_name, task.name, cache_dir=cache_dir)
+    def hub(config: str):
+        try:
+            return load_dataset(data_args.dataset_name, config, cache_dir=cache_dir)
+        except (ConnectionError, OSError, ValueError) as error:  # offline, or no such dataset / config
+            raise UsageError(f"--dataset_name {data_args.dataset_name!r} (config {config!r}) could not be loaded: "
+                             f"{first_line(error)}; without the network, give --glue_dir (the official GLUE tsv "
+                             "layout) or data files.") from None
+
+    raw = hub(task.name)
     out = {}
     for split in splits:
-        dataset = load_dataset(data_args.dataset_name, "ax", cache_dir=cache_dir)["test"] if split == AX_SPLIT \
-            else raw[split]
+        dataset = hub("ax")["test"] if split == AX_SPLIT else raw[split]
         if split in task.test_files and "label" in dataset.column_names:
             dataset = dataset.remove_columns("label")  # the Hub's test labels are -1
         out[split] = dataset

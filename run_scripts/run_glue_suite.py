@@ -5,6 +5,8 @@
 Each (model, task) pair is one ``finetune_glue.py`` run in its own process; arguments after ``--`` go to every run,
 ``--task_args TASK=ARGS`` to one task's runs. A task is available when its ``train.tsv`` and dev file(s) exist under
 ``--glue_dir`` (here: CoLA, SST-2, MRPC, STS-B, RTE, WNLI; QNLI has only its dev split, MNLI and QQP are absent).
+Before any run starts, a checkpoint folder that does not exist, a missing ``--glue_dir`` or a GLUE file that does not
+match its task prints one ``error:`` line naming it and exits with status 2.
 
 Example::
 

@@ -679,3 +679,16 @@ def test_file_metrics_hand_computed():
     assert set(glue_data.make_compute_metrics("stsb")(EvalPrediction(
         predictions=np.array([[1.0], [2.0], [4.0]]), label_ids=np.array([1.0, 3.0, 2.0])))) == {
         "pearson", "spearmanr", "combined_score"}
+
+
+def test_hub_dataset_unreachable_is_one_line(tmp_path, tiny_mlm_checkpoint, monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(glue_data.UsageError, match=r"--dataset_name 'nyu-mll/glue' \(config 'rte'\) could not be "
+                                                   r"loaded: Couldn't reach .*give --glue_dir"):
+        finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "rte", "--do_eval",
+                            "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
