@@ -62,13 +62,15 @@ class TnnConfig(PretrainedConfig):
         ski_kernel_size: Odd width of SKI's centred band convolution.
         fd_kernel_length: FD samples its RPE on the rfft grid of FFT size ``2 * fd_kernel_length``, so its kernel
             has a fixed support of ``fd_kernel_length`` lags whatever the input length (the receptive field).
-        etsc_length: Length ``L`` of the ETSC Toeplitz-to-SSM conversion (the number of SSM modes).
-        generation_cache: How ``generate`` decodes. ``"auto"`` (default): exact in constant memory wherever the
-            kernel allows it (FD's finite support; dense with ``decay_gamma < 1``, whose tail falls below float32
-            resolution after a computable number of lags), ETSC otherwise (dense with ``decay_gamma == 1``).
-            ``"etsc"``: the diagonal SSM of the ETSC conversion (constant time and memory per token; exact at every
-            length for a decaying dense kernel, exact up to ``etsc_length`` tokens otherwise). ``"exact"``: a window of
-            past mixer inputs over the kernel's support (the whole history for dense with ``decay_gamma == 1``).
+        etsc_length: Length ``L`` of the ETSC Toeplitz-to-SSM conversion of a kernel that does not decay (its SSM
+            is exact for contexts of at most ``L`` tokens); the SSM of a decaying dense kernel spans at least its
+            float32 support (1,659 lags for ``decay_gamma=0.99`` at initialisation) and is exact at every length.
+        generation_cache: How ``generate`` decodes. ``"auto"`` (default): a window of past mixer inputs over the
+            kernel's float32 support wherever it has one (FD's finite support; dense with ``decay_gamma < 1``, whose
+            tail falls below float32 resolution after a computable number of lags): exact at every length in constant
+            memory; ETSC otherwise (dense with ``decay_gamma == 1``, which warns once past ``etsc_length``).
+            ``"etsc"``: the diagonal SSM of the ETSC conversion. ``"exact"``: the window (the whole history for dense
+            with ``decay_gamma == 1``: O(t) per token).
         dropout: Dropout on the embeddings and on each residual branch.
         initializer_range: Standard deviation of the classification heads' initialisation.
     """

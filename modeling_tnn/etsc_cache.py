@@ -15,7 +15,9 @@ Two decoding states, chosen per layer by :func:`decode_plan`:
   ``s = 0 .. m // 2`` are kept (their weights folded into ``b``), which halves the state.
 
 Until the context fills the SSM's period the SSM mode decodes from the window of inputs (cheaper, and exact),
-then converts it into the SSM state once, in parallel.
+then converts it into the SSM state once, in parallel. ``generation_cache="auto"`` takes the window wherever the
+kernel has a float32 support (it reads each input once per token, where the SSM of the same span updates twice as
+many reals in place) and ETSC where it has none.
 """
 
 from __future__ import annotations

@@ -451,7 +451,7 @@ def _architecture_table(info: RunInfo) -> str:
     if mixer == "ski":
         rows += [("SKI rank / band width", f"{config.get('ski_rank')} / {config.get('ski_kernel_size')}")]
     if info.causal:
-        rows += [("generation cache", f"`{config.get('generation_cache', 'etsc')}`"),
+        rows += [("generation cache", f"`{config.get('generation_cache') or 'default'}`"),
                  ("`etsc_length`", config.get("etsc_length"))]
     rows += [("tied embeddings", config.get("tie_word_embeddings")), ("dropout", config.get("dropout"))]
     if info.architecture == "TnnForSequenceClassification":
@@ -491,27 +491,46 @@ def _training_table(info: RunInfo, options: CardOptions) -> str:
     return "\n".join(["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None])
 
 
+def _generation_limitation(config: dict, code_files: Sequence[Path]) -> str:
+    """What ``generate`` does with this config and the shipped code: the ETSC horizon where decoding is inexact."""
+    mixer, horizon = config.get("token_mixer", "dense"), config.get("etsc_length")
+    # Code that measures the kernel's float32 support decodes decaying kernels exactly ("auto" by default); older
+    # code had "etsc" by default and one ETSC conversion of etsc_length taps for every kernel.
+    support_aware = any("kernel_support" in p.read_text() for p in code_files)
+    mode = config.get("generation_cache") or ("auto" if support_aware else "etsc")
+    decays = mixer == "dense" and float(config.get("decay_gamma", 0.99)) < 1
+    has_support = support_aware and (decays or mixer == "fd")
+    if mode == "etsc" and not (support_aware and decays) or mode == "auto" and not has_support:
+        return (
+            f"`model.generate` decodes with the ETSC recurrent cache (constant time and memory per token). It "
+            f"equals the full forward pass only for the first `etsc_length` = {_fmt(horizon)} positions; "
+            f"beyond that the converted kernel repeats with period {_fmt(horizon + 1)}"
+            + (" (damped by the decay)" if mixer == "dense" else "")
+            + ", so long generations drift from what the full model computes"
+            + (" (a warning says so once)" if support_aware else "") + ". Load with "
+            "`generation_cache=\"exact\"` (a `from_pretrained` keyword) or a larger `etsc_length` when "
+            "exactness at every length matters.")
+    if mode == "etsc":
+        return ("`model.generate` decodes with the ETSC recurrent cache over the decaying kernel's float32 support "
+                "(the lags after which it falls below float32 resolution, computed from the weights): exact at every "
+                "length, in constant time and memory per token.")
+    if mixer == "fd":
+        return ("`model.generate` keeps a ring buffer of the last `fd_kernel_length` + 1 mixer inputs per layer (FD's "
+                "kernel support): exact at every length in constant memory.")
+    if has_support:
+        return ("`model.generate` keeps a window of past mixer inputs per layer over the decaying kernel's float32 "
+                "support (the lags after which it falls below float32 resolution, computed from the weights): exact "
+                "at every length in constant time and memory per token.")
+    return ("The generation cache is `\"exact\"`: it keeps every past mixer input, so it is exact at every length "
+            "but each new token costs time and memory that grow with the context.")
+
+
 def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
     config, items = info.config, []
     mixer = config.get("token_mixer", "dense")
     if info.causal:
         if _code_has_generation_cache(code_files):
-            horizon = config.get("etsc_length")
-            if config.get("generation_cache", "etsc") == "etsc":
-                items.append(
-                    f"`model.generate` decodes with the ETSC recurrent cache (constant time and memory per token). It "
-                    f"equals the full forward pass only for the first `etsc_length` = {_fmt(horizon)} positions; "
-                    f"beyond that the converted kernel repeats with period {_fmt(horizon + 1)}"
-                    + (" (damped by the decay)" if mixer == "dense" else "")
-                    + ", so long generations drift from what the full model computes. Load with "
-                    "`generation_cache=\"exact\"` (a `from_pretrained` keyword) or a larger `etsc_length` when "
-                    "exactness at every length matters.")
-            elif mixer == "fd":
-                items.append("The generation cache is `\"exact\"`: a ring buffer of the last `fd_kernel_length` "
-                             "mixer inputs, exact at every length in constant memory.")
-            else:
-                items.append("The generation cache is `\"exact\"`: it keeps every past mixer input, so it is exact "
-                             "at every length but each new token costs time and memory that grow with the context.")
+            items.append(_generation_limitation(config, code_files))
         else:
             items.append("This code version has no recurrent generation cache: each generated token runs the "
                          "model again over the whole prefix, so generation cost grows with length.")

@@ -233,12 +233,14 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     if name == "clm":
         assert data.datasets == ["Salesforce/wikitext"]
         assert {r.dataset_config for r in data.eval_results} == {"wikitext-2-raw-v1"}
-        # the generation limitation follows the shipped code: the ETSC horizon when it has the cache
+        # the generation limitation follows the shipped code and config: a decaying dense kernel decodes exactly
+        # with the default cache (no ETSC horizon to warn about)
         has_cache = any("etsc_length" in p.read_text() for p in paths[name].glob("*.py")
                         if p.name != "configuration_tnn.py")
-        horizon = "`etsc_length` = 64 positions; beyond that the converted kernel repeats with period 65"
-        assert (horizon in card.text) == has_cache
-        assert ("no recurrent generation cache" in card.text) == (not has_cache)
+        assert has_cache
+        assert "window of past mixer inputs per layer over the decaying kernel's float32 support" in card.text
+        assert "repeats with period" not in card.text
+        assert "no recurrent generation cache" not in card.text
     if name == "mlm":
         assert data.datasets is None  # local data: named in the model-index, not claimed as a Hub dataset
         assert "`fd_kernel_length` = 64" in card.text and "2 test CPU cores" in card.text
@@ -466,3 +468,20 @@ def test_committed_model_cards_are_well_formed(card_file):
     kept = {p.relative_to(card_file.parent).as_posix() for p in (card_file.parent / "plots").glob("*")}
     assert shown == kept
     assert set(hp.list_folder(card_file.parent)) == {"README.md", *kept}  # never weights or code
+
+
+@pytest.mark.parametrize("config,support_aware,expected", [
+    ({"token_mixer": "dense", "decay_gamma": 0.99, "generation_cache": "auto"}, True, "window of past mixer inputs"),
+    ({"token_mixer": "dense", "decay_gamma": 1.0, "generation_cache": "auto"}, True, "a warning says so once"),
+    ({"token_mixer": "dense", "decay_gamma": 0.99, "generation_cache": "etsc"}, True, "exact at every length, in"),
+    ({"token_mixer": "fd", "generation_cache": "etsc"}, True, "repeats with period 513"),
+    ({"token_mixer": "fd", "generation_cache": "auto"}, True, "ring buffer"),
+    ({"token_mixer": "dense", "decay_gamma": 1.0, "generation_cache": "exact"}, True, "keeps every past mixer input"),
+    ({"token_mixer": "dense", "decay_gamma": 0.99}, False, "repeats with period 513 (damped by the decay)"),
+])
+def test_generation_limitation_follows_the_mode_the_kernel_and_the_shipped_code(tmp_path, config, support_aware,
+                                                                              expected):
+    code = tmp_path / "etsc_cache.py"
+    code.write_text("etsc_length" + (" kernel_support" if support_aware else ""))
+    text = hp._generation_limitation({"etsc_length": 512, **config}, [code])
+    assert expected in text
