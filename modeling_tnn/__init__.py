@@ -1,7 +1,8 @@
 """Toeplitz Neural Networks (TNN, FD-TNN, SKI-TNN, ETSC generation) for Hugging Face Transformers.
 
 Importing the package registers model_type ``"tnn"`` with ``AutoConfig``, ``AutoModel``,
-``AutoModelForCausalLM``, ``AutoModelForMaskedLM`` and ``AutoModelForSequenceClassification``.
+``AutoModelForCausalLM``, ``AutoModelForMaskedLM``, ``AutoModelForSequenceClassification``,
+``AutoModelForTokenClassification`` and ``AutoModelForQuestionAnswering``.
 """
 
 from transformers import (
@@ -9,14 +10,18 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
 )
 
 from .configuration_tnn import TnnConfig
 from .modeling_tnn import (
     TnnForCausalLM,
     TnnForMaskedLM,
+    TnnForQuestionAnswering,
     TnnForSequenceClassification,
+    TnnForTokenClassification,
     TnnModel,
     TnnPreTrainedModel,
 )
@@ -27,6 +32,8 @@ AutoModel.register(TnnConfig, TnnModel, exist_ok=True)
 AutoModelForCausalLM.register(TnnConfig, TnnForCausalLM, exist_ok=True)
 AutoModelForMaskedLM.register(TnnConfig, TnnForMaskedLM, exist_ok=True)
 AutoModelForSequenceClassification.register(TnnConfig, TnnForSequenceClassification, exist_ok=True)
+AutoModelForTokenClassification.register(TnnConfig, TnnForTokenClassification, exist_ok=True)
+AutoModelForQuestionAnswering.register(TnnConfig, TnnForQuestionAnswering, exist_ok=True)
 
 __all__ = [
     "TnnConfig",
@@ -35,6 +42,8 @@ __all__ = [
     "TnnForCausalLM",
     "TnnForMaskedLM",
     "TnnForSequenceClassification",
+    "TnnForTokenClassification",
+    "TnnForQuestionAnswering",
     "list_presets",
     "load_preset",
 ]

@@ -40,6 +40,8 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_tnn.TnnForCausalLM",
     "AutoModelForMaskedLM": "modeling_tnn.TnnForMaskedLM",
     "AutoModelForSequenceClassification": "modeling_tnn.TnnForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_tnn.TnnForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_tnn.TnnForQuestionAnswering",
 }
 
 
@@ -454,4 +456,113 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
         output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return output if return_dict else output.to_tuple()
+
+
+# The two per-token heads of in-tree encoders (BERT, RoBERTa, ModernBERT): token classification and extractive QA.
+from transformers.modeling_outputs import QuestionAnsweringModelOutput, TokenClassifierOutput  # noqa: E402
+
+
+class _TnnPerTokenHead(TnnPreTrainedModel):
+    """Shared by the heads that score every position: the backbone, run without a cache, on the padding mask that
+    :class:`TnnForSequenceClassification` uses (``attention_mask``, else ``input_ids != pad_token_id``), so every
+    real token of a padded batch gets the logits it gets when its row runs alone.
+
+    Bidirectional by default; ``causal=True`` is allowed (a causal backbone, e.g. from a causal LM checkpoint, as
+    transformers' decoder models also ship these heads): each position then scores only the tokens up to it."""
+
+    _causal_default = False
+    _padding_mask = TnnForSequenceClassification._padding_mask
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        self.model = TnnModel(self.config)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embeddings = value
+
+    def _backbone(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
+                  inputs_embeds: torch.Tensor | None, output_hidden_states: bool | None) -> BaseModelOutputWithPast:
+        reference = input_ids if input_ids is not None else inputs_embeds
+        mask = None if reference is None else self._padding_mask(input_ids, attention_mask, reference.shape[:2],
+                                                                 reference.device)
+        return self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
+                          output_hidden_states=output_hidden_states, return_dict=True)
+
+
+class TnnForTokenClassification(_TnnPerTokenHead):
+    """TNN with a linear classifier on every token (named-entity recognition, part-of-speech tagging):
+    ``classifier(dropout(h_i))`` with ``config.num_labels`` classes."""
+
+    _auto_class = "AutoModelForTokenClassification"
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        self.num_labels = self.config.num_labels
+        self.dropout = nn.Dropout(self.config.dropout)
+        self.classifier = nn.Linear(self.config.hidden_size, self.config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        """Score every token: ``logits`` of shape ``(batch, length, num_labels)``. ``labels`` hold one class id per
+        token, -100 where no label applies (padding, special tokens, continuation sub-words); the loss is the mean
+        cross-entropy over the labelled tokens (``num_items_in_batch`` from Trainer makes it a sum over that count).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)
+        output = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return output if return_dict else output.to_tuple()
+
+
+class TnnForQuestionAnswering(_TnnPerTokenHead):
+    """TNN for extractive question answering (SQuAD-style): a linear layer gives every token a start and an end
+    score of the answer span."""
+
+    _auto_class = "AutoModelForQuestionAnswering"
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        self.qa_outputs = nn.Linear(self.config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        """Score answer spans: ``start_logits`` and ``end_logits`` of shape ``(batch, length)``. With both
+        ``start_positions`` and ``end_positions`` (token indices, shape ``(batch,)``) the loss is the mean of the
+        start and end cross-entropies; positions outside the input are clamped to its length and ignored."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
+        start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits=start_logits, end_logits=end_logits,
+                                      start_positions=start_positions, end_positions=end_positions, **kwargs)
+        output = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                              hidden_states=outputs.hidden_states)
         return output if return_dict else output.to_tuple()
