@@ -188,7 +188,7 @@ def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
     assert str(folder) in output and all(f in output for f in files) and "nothing uploaded" in output
     assert not any(FAKE_TOKEN in (folder / f).read_text(errors="ignore") for f in files if not f.endswith(".png"))
     config = json.loads((folder / "config.json").read_text())
-    assert config["auto_map"] == hp.AUTO_MAP and len(config["auto_map"]) == 5
+    assert config["auto_map"] == hp.AUTO_MAP and len(config["auto_map"]) == 7
     # weights and tokenizer are byte copies of the run's
     for same in ("model.safetensors", "tokenizer.json"):
         assert (folder / same).read_bytes() == (paths[name] / same).read_bytes()

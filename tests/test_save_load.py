@@ -11,9 +11,11 @@ import textwrap
 import pytest
 import torch
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
-                          AutoModelForSequenceClassification)
+                          AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                          AutoModelForTokenClassification)
 
-from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
+from modeling_tnn import (TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswering, TnnForSequenceClassification,
+                          TnnForTokenClassification, TnnModel)
 
 from remote_code import BLOCK_PACKAGE_PREAMBLE
 from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
@@ -23,17 +25,24 @@ AUTO_CLASSES = {
     "AutoModelForCausalLM": AutoModelForCausalLM,
     "AutoModelForMaskedLM": AutoModelForMaskedLM,
     "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
+    "AutoModelForTokenClassification": AutoModelForTokenClassification,
+    "AutoModelForQuestionAnswering": AutoModelForQuestionAnswering,
 }
+# Auto classes that put a new task head on any saved backbone, causal or not (not loaded as remote code here:
+# tests/test_task_heads.py loads the per-token ones that way).
+NEW_HEADS = {"AutoModelForSequenceClassification": TnnForSequenceClassification,
+             "AutoModelForTokenClassification": TnnForTokenClassification,
+             "AutoModelForQuestionAnswering": TnnForQuestionAnswering}
 # (model class, causal, the Auto classes that fit its saved causal value, the one that contradicts it)
 CASES = [
-    (TnnForCausalLM, True, ["AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"],
-     "AutoModelForMaskedLM"),
-    (TnnForMaskedLM, False, ["AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification"],
-     "AutoModelForCausalLM"),
+    (TnnForCausalLM, True, ["AutoModel", "AutoModelForCausalLM", *NEW_HEADS], "AutoModelForMaskedLM"),
+    (TnnForMaskedLM, False, ["AutoModel", "AutoModelForMaskedLM", *NEW_HEADS], "AutoModelForCausalLM"),
 ]
 
 
 def _main_output(out):
+    if hasattr(out, "start_logits"):
+        return torch.stack([out.start_logits, out.end_logits], dim=-1)
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
@@ -63,8 +72,8 @@ def test_save_load_through_every_auto_class(tmp_path, cls, causal, fitting, cont
             torch.testing.assert_close(_main_output(out), _main_output(reference), atol=0, rtol=0)
         elif isinstance(loaded, TnnModel):
             torch.testing.assert_close(out.last_hidden_state, backbone, atol=0, rtol=0)
-        else:  # a new classification head on the saved backbone
-            assert isinstance(loaded, TnnForSequenceClassification) and torch.isfinite(out.logits).all()
+        else:  # a new task head on the saved backbone
+            assert isinstance(loaded, NEW_HEADS[name]) and torch.isfinite(_main_output(out)).all()
             torch.testing.assert_close(loaded.model(input_ids=ids).last_hidden_state, backbone, atol=0, rtol=0)
     with pytest.raises(ValueError, match="causal"):
         AUTO_CLASSES[contradicting].from_pretrained(tmp_path)
@@ -109,7 +118,7 @@ def remote_code_run(tmp_path_factory):
         model = cls(tiny_config(mixer, causal=causal, num_labels=2)).eval()
         model.save_pretrained(folder)
         models[(cls, mixer)] = (folder, model)
-        jobs[folder] = [name for name in fitting if name != "AutoModelForSequenceClassification"]
+        jobs[folder] = [name for name in fitting if name not in NEW_HEADS]
     script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), ids=str(root / "ids.pt"), jobs=json.dumps(jobs),
                                   result=str(root / "out.pt"))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": ""}
