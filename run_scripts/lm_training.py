@@ -85,9 +85,10 @@ class UsageError(ValueError):
     """A bad flag value, found before training starts (the CLI prints it and exits with status 2)."""
 
 
-class TrainingInterrupted(Exception):
+class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped training after a checkpoint of the current step was written (``checkpoint``); the
-    CLI prints one line saying how to resume and exits with ``exit_code`` (130 for SIGINT, 143 for SIGTERM)."""
+    CLI prints one line saying how to resume and exits with ``exit_code`` (130 for SIGINT, 143 for SIGTERM). A
+    ``KeyboardInterrupt``, so that callers' ``except Exception`` blocks do not swallow the user's stop."""
 
     def __init__(self, signal_name: str, step: int, checkpoint: Path):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
