@@ -1,10 +1,12 @@
 """Token classification and extractive question answering: direction, exact padding, losses, Auto classes,
-remote code with the package blocked, and the token-classification pipeline on saved folders."""
+remote code with the package blocked, the token-classification pipeline and the README's QA recipe on saved folders
+of heads fitted to one example."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -137,7 +139,6 @@ def _config(tokenizer, mixer, **kwargs):
 
 
 def _fit(model, batch, steps=60):
-    torch.manual_seed(0)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(steps):
@@ -155,6 +156,7 @@ def _keyword_tagger(tokenizer, mixer):
     labels = torch.zeros_like(enc.input_ids)
     labels[0, first] = 1
     labels[0, first + 1:last + 1] = 2
+    torch.manual_seed(0)  # the same fit whichever test asks first
     model = TnnForTokenClassification(_config(tokenizer, mixer, num_labels=3, **LABELS))
     return _fit(model, {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "labels": labels})
 
@@ -165,6 +167,7 @@ def _answerer(tokenizer, mixer):
     begin = CONTEXT.index(ANSWER)
     start = enc.char_to_token(begin, sequence_index=1)
     end = enc.char_to_token(begin + len(ANSWER) - 1, sequence_index=1)
+    torch.manual_seed(0)
     model = TnnForQuestionAnswering(_config(tokenizer, mixer))
     return _fit(model, {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask,
                         "start_positions": torch.tensor([start]), "end_positions": torch.tensor([end])})
@@ -221,6 +224,22 @@ def test_question_answering_on_a_saved_folder(tmp_path, tokenizer, fitted, mixer
     tokenizer.save_pretrained(tmp_path)
     model = AutoModelForQuestionAnswering.from_pretrained(tmp_path, trust_remote_code=True).eval()
     assert extract_answer(model, tokenizer, QUESTION, CONTEXT).strip() == ANSWER
+
+
+def test_readme_recipe_tags_and_answers(tmp_path, monkeypatch, tokenizer, fitted):
+    """The README's token-classification and question-answering snippet, run as written on fitted folders."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    section = readme[readme.index("### Token classification and question answering"):]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    for name, cls in (("my-tnn-ner", TnnForTokenClassification), ("my-tnn-qa", TnnForQuestionAnswering)):
+        fitted(cls, "dense").save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(snippet, namespace)
+    assert namespace["context"] == CONTEXT and namespace["question"] == QUESTION
+    assert [(e["entity_group"], e["word"].strip()) for e in namespace["entities"]] == [("KW", KEYWORD)]
+    assert namespace["answer"].strip() == ANSWER
 
 
 def test_question_answering_pipeline_is_gone_from_this_transformers(tmp_path, tokenizer):
