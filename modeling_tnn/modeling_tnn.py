@@ -1,4 +1,5 @@
-"""Toeplitz Neural Network models for Hugging Face Transformers: blocks, the base model and three heads."""
+"""Toeplitz Neural Network models for Hugging Face Transformers: blocks, the base model and its task heads (causal
+LM, masked LM, sequence classification, token classification, question answering)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
     MaskedLMOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
+    TokenClassifierOutput,
 )
 
 from .configuration_tnn import TnnConfig
@@ -153,7 +156,7 @@ class TnnPreTrainedModel(PreTrainedModel):
         return False
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save a Hub-ready folder: weights, config with an ``auto_map`` for all five Auto classes, and the model
+        """Save a Hub-ready folder: weights, config with an ``auto_map`` for every Auto class, and the model
         code, so the folder loads with ``trust_remote_code=True`` where ``modeling_tnn`` is not installed."""
         self.config.auto_map = dict(AUTO_MAP)
         return super().save_pretrained(save_directory, *args, **kwargs)
@@ -417,12 +420,16 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.embeddings = value
 
-    def _padding_mask(self, input_ids, attention_mask, shape, device) -> torch.Tensor:
+    def _padding_mask(self, input_ids, attention_mask, inputs_embeds) -> torch.Tensor | None:
+        """``attention_mask``, else ``input_ids != pad_token_id``, else all ones (None without inputs: the backbone
+        then names what is missing)."""
         if attention_mask is not None:
             return attention_mask
         if input_ids is not None and self.config.pad_token_id is not None:
             return (input_ids != self.config.pad_token_id).long()
-        return torch.ones(shape, dtype=torch.long, device=device)
+        reference = input_ids if input_ids is not None else inputs_embeds
+        return None if reference is None else torch.ones(reference.shape[:2], dtype=torch.long,
+                                                         device=reference.device)
 
     def pool(self, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Last real token (causal; works for left and right padding) or masked mean (bidirectional)."""
@@ -445,9 +452,7 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """Classify whole sequences; ``labels`` are class ids, floats (regression) or multi-hot rows."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        embeds_shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        device = (input_ids if input_ids is not None else inputs_embeds).device
-        mask = self._padding_mask(input_ids, attention_mask, embeds_shape, device)
+        mask = self._padding_mask(input_ids, attention_mask, inputs_embeds)
         outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
                              output_hidden_states=output_hidden_states, return_dict=True)
         pooled = self.pool(outputs.last_hidden_state, mask)
@@ -460,7 +465,6 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
 
 
 # The two per-token heads of in-tree encoders (BERT, RoBERTa, ModernBERT): token classification and extractive QA.
-from transformers.modeling_outputs import QuestionAnsweringModelOutput, TokenClassifierOutput  # noqa: E402
 
 
 class _TnnPerTokenHead(TnnPreTrainedModel):
@@ -486,9 +490,7 @@ class _TnnPerTokenHead(TnnPreTrainedModel):
 
     def _backbone(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
                   inputs_embeds: torch.Tensor | None, output_hidden_states: bool | None) -> BaseModelOutputWithPast:
-        reference = input_ids if input_ids is not None else inputs_embeds
-        mask = None if reference is None else self._padding_mask(input_ids, attention_mask, reference.shape[:2],
-                                                                 reference.device)
+        mask = self._padding_mask(input_ids, attention_mask, inputs_embeds)
         return self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
                           output_hidden_states=output_hidden_states, return_dict=True)
 

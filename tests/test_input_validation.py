@@ -92,6 +92,7 @@ BAD_INPUTS = [
     ("both", "clm", "forward", dict(input_ids=ids([1]), inputs_embeds=torch.randn(1, 1, WIDTH)),
      r"Pass exactly one of input_ids and inputs_embeds \(got both\)"),
     ("neither", "mlm", "forward", dict(), r"Pass exactly one of input_ids and inputs_embeds \(got neither\)"),
+    ("neither-cls", "cls", "forward", dict(), r"Pass exactly one of input_ids and inputs_embeds \(got neither\)"),
 ]
 
 
