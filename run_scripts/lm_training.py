@@ -984,8 +984,10 @@ def time_generation(model: torch.nn.Module, contexts: Sequence[int], new_tokens:
       cache=out.cache)`` per token (``past_key_values=`` on transformers 5.23);
     * no cache: ``model(input_ids=sequence_so_far, use_cache=False)`` per token, the sequence growing by one.
 
-    The context is random token ids (the time does not depend on the text). One untimed step of each kind runs
-    first. Returns ``[{"context": n, "cached_ms": ..., "no_cache_ms": ..., "speedup": ...}, ...]``."""
+    The contexts are random token ids (the time does not depend on the text). The measurements are interleaved
+    (each round times one token of every kind at every length), so that a burst of load on a shared machine spreads
+    over all of them, after one untimed round. Returns ``[{"context": n, "cached_ms": ..., "no_cache_ms": ...,
+    "speedup": ...}, ...]``."""
     from modeling_tnn.modeling_tnn import CACHE_FIELD  # "cache" on transformers 5.24, "past_key_values" on 5.23
 
     device = next(model.parameters()).device
@@ -993,30 +995,34 @@ def time_generation(model: torch.nn.Module, contexts: Sequence[int], new_tokens:
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    rows = []
+    state = {}
     for length in contexts:
         ids = torch.randint(0, vocab, (1, length), generator=generator).to(device)
         out = model(input_ids=ids, use_cache=True)
-        cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
-        cached = []
-        for step in range(new_tokens + 1):
+        state[length] = {"cache": getattr(out, CACHE_FIELD), "token": out.logits[:, -1:].argmax(-1),
+                         "sequence": ids, "cached": [], "full": []}
+    for round_index in range(new_tokens + 1):  # round 0 is a warm-up
+        for length in contexts:
+            entry = state[length]
             start = time.perf_counter()
-            out = model(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
-            token = out.logits[:, -1:].argmax(-1)
-            if step:  # the first step is a warm-up
-                cached.append(time.perf_counter() - start)
-            cache = getattr(out, CACHE_FIELD)
-        sequence, full = ids, []
-        for step in range(new_tokens + 1):
+            out = model(input_ids=entry["token"], use_cache=True, **{CACHE_FIELD: entry["cache"]})
+            entry["token"] = out.logits[:, -1:].argmax(-1)
+            elapsed = time.perf_counter() - start
+            entry["cache"] = getattr(out, CACHE_FIELD)
+            if round_index:
+                entry["cached"].append(elapsed)
             start = time.perf_counter()
-            logits = model(input_ids=sequence, use_cache=False).logits
-            sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
-            if step:
-                full.append(time.perf_counter() - start)
-        cached_ms, full_ms = 1e3 * statistics.median(cached), 1e3 * statistics.median(full)
+            logits = model(input_ids=entry["sequence"], use_cache=False).logits
+            entry["sequence"] = torch.cat([entry["sequence"], logits[:, -1:].argmax(-1)], dim=1)
+            if round_index:
+                entry["full"].append(time.perf_counter() - start)
+    model.train(was_training)
+    rows = []
+    for length in contexts:
+        cached_ms = 1e3 * statistics.median(state[length]["cached"])
+        full_ms = 1e3 * statistics.median(state[length]["full"])
         rows.append({"context": length, "cached_ms": cached_ms, "no_cache_ms": full_ms,
                      "speedup": full_ms / max(cached_ms, 1e-9)})
-    model.train(was_training)
     return rows
 
 
