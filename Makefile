@@ -23,11 +23,12 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-demo: install  ## the main job: train a small causal TNN on the embedded corpus, report perplexity, generate
-	$(PY) run_scripts/train_clm.py --config_name small --output_dir outputs/demo --vocab_size 2048 \
-		--block_size 128 --per_device_train_batch_size 16 --learning_rate 2e-3 --weight_decay 0.01 \
-		--num_warmup_steps 20 --max_train_steps 200 --eval_steps 100 \
-		--sample_prompt "The assert statement" --sample_prompt "A function definition"
+demo: install  ## the main job: train a small causal TNN on the embedded corpus, report perplexity, generate, time decoding
+	$(PY) run_scripts/train_clm.py --config_name small --output_dir outputs/demo --overwrite_output_dir \
+		--vocab_size 2048 --block_size 128 --per_device_train_batch_size 16 --learning_rate 3e-3 \
+		--weight_decay 0.01 --num_warmup_steps 10 --max_train_steps 150 --eval_steps 75 \
+		--sample_prompt "The assert statement" --sample_prompt "A function definition" \
+		--time_generation 128,512,2048,4096
 
 test: install  ## the test suite
 	$(PY) -m pytest -q
