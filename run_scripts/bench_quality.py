@@ -172,7 +172,9 @@ def bench_dataset(name: str, args: argparse.Namespace, folder: Path) -> dict[str
         "gpt2": ["--config_name", str(work / "gpt2_config.json")],
     }
     lengths = [args.block_size * k for k in (1, 2, 4, 8)]
-    common = ["--tokenizer_name", str(work / "tokenizer"), "--block_size", str(args.block_size),
+    # A rerun retrains from scratch into the same folders: say so, as train_clm.py refuses a used --output_dir.
+    common = ["--overwrite_output_dir", "--tokenizer_name", str(work / "tokenizer"),
+              "--block_size", str(args.block_size),
               "--per_device_train_batch_size", str(args.batch_size), "--per_device_eval_batch_size", "8",
               "--learning_rate", str(args.learning_rate), "--weight_decay", "0.01", "--lr_scheduler_type", "cosine",
               "--num_warmup_steps", str(max(1, args.steps // 10)), "--max_train_steps", str(args.steps),

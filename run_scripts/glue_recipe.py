@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
                    "32", "--max_train_steps", str(args.pretrain_steps), "--learning_rate",
                    str(args.pretrain_learning_rate), "--num_warmup_steps", str(args.pretrain_steps // 10),
                    "--weight_decay", "0.01", "--seed", str(args.seed), "--report_to", "none", "--output_dir",
-                   relative(work_dir / f"mlm_{name}")]
+                   relative(work_dir / f"mlm_{name}"), "--overwrite_output_dir"]  # a rerun starts over
         pretrain[name] = command
 
     def run_pretraining(name: str) -> float:
