@@ -241,8 +241,8 @@ torch.utils._pytree.register_pytree_node(
 # -- kernel constants --------------------------------------------------------------------------------------------
 def _ssm_constants(mixer: TokenMixer, plan: DecodePlan, device: torch.device,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lambda (M,), b (c, M)), complex of the real compute ``dtype``, for an SSM plan, memoised by the mixer's eval cache (a plain dict:
-    parameters stay real, so ``model.to(torch.bfloat16)`` cannot drop an imaginary part)."""
+    """(lambda (M,), b (c, M)), complex of the real compute ``dtype``, for an SSM plan, memoised by the mixer's eval
+    cache (a plain dict: parameters stay real, so ``model.to(torch.bfloat16)`` cannot drop an imaginary part)."""
     def convert():
         length = plan.period - 1 if plan.closed else plan.period
         taps, gamma = mixer.ssm_kernel(length, device)
