@@ -13,6 +13,7 @@ BLOCK_PACKAGE_PREAMBLE = textwrap.dedent("""
     sys.meta_path.insert(0, BlockTnn())
     sys.path = [p for p in sys.path if p not in ("", {root!r})]
     import torch, transformers
+    torch.set_num_threads(1)  # as the tests' own process (conftest), so that outputs compare bit for bit
     try:
         import modeling_tnn
         raise SystemExit("modeling_tnn should not be importable here")

@@ -28,15 +28,6 @@ TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "-
         "--max_eval_samples", "8", "--per_device_eval_batch_size", "8"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matrices on a shared 2-core machine run several times faster on one thread.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def text_files(tmp_path_factory) -> tuple[Path, Path]:
     """A small local train/validation pair of text files (from the embedded corpus)."""

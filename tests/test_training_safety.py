@@ -30,14 +30,6 @@ TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "-
         "--max_eval_samples", "4", "--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "4"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> list[str]:
     """--train_file/--validation_file flags of a small local text pair (a few dozen 16-token blocks)."""
