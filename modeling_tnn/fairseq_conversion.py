@@ -8,15 +8,16 @@ embedding scale and no final LayerNorm: our blocks are pre-norm, so it is refuse
 rather than converted into a different model.
 
 Every tensor of the checkpoint is accounted for: it maps to one of our parameters (:data:`NAME_RULES`), or it is one
-of the fairseq-only entries that are checked and dropped (the decoder/encoder ``version`` buffer, each layer's fixed
-decay ``toep.gamma``, and the output projection that shares the input embedding). Anything else is refused by name,
+of the fairseq-only entries that are checked and dropped (the decoder/encoder ``version`` buffer and each layer's
+fixed decay ``toep.gamma``); a tied output projection must equal the input embedding. Anything else is refused by name,
 and so is any parameter of ours that the checkpoint does not provide, and any tensor whose shape differs from the one
 the sizes in ``args``/``cfg`` give.
 
 The reference's fixed decay is an ``nn.Parameter(requires_grad=False)`` of shape ``(heads, 1, channels / heads)``
 holding gamma itself in every entry (``gamma ** k`` is computed at run time). Ours is computed from
 ``config.decay_gamma``: the conversion requires one value across every entry and layer, equal to ``args.gamma`` in the
-checkpoint's precision, and stores that exact value (so a half-precision checkpoint keeps the gamma it trained with).
+checkpoint's precision, and stores ``args.gamma`` (or, where a half-precision checkpoint rounded it, the stored value:
+the gamma the model trained with).
 
 This module is conversion tooling: the model modules never import it, so ``save_pretrained`` does not copy it as
 remote code.
@@ -300,7 +301,9 @@ def decay_gamma(args: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor])
     if problems:
         raise ValueError("The fixed decay does not match one gamma (ours computes gamma**|k| from "
                          "config.decay_gamma):\n  - " + "\n  - ".join(problems))
-    return values.pop()
+    value = values.pop()
+    # args.gamma itself where our float32 decay computes the same; else the stored (half-precision) value.
+    return wanted if torch.tensor(wanted, dtype=torch.float32).item() == value else value
 
 
 # -- the weights -----------------------------------------------------------------------------------------------------
@@ -488,5 +491,9 @@ def convert_fairseq_checkpoint(checkpoint_path: str | Path, output_dir: str | Pa
     model.save_pretrained(output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
+    notes = list(BEHAVIOUR_NOTES)
+    if config.decay_gamma != float(args.get("gamma", 0.99)) and args.get("use_decay", False):
+        notes.append(f"decay_gamma is {config.decay_gamma!r}: the value the checkpoint's decay tensors hold "
+                     f"(args.gamma={args.get('gamma')!r} rounded to their precision), what the model trained with.")
     return ConversionResult(kind=kind, config=model.config, output_dir=output_dir, num_tensors=len(state_dict),
-                            notes=list(BEHAVIOUR_NOTES), tokenizer_written=tokenizer is not None)
+                            notes=notes, tokenizer_written=tokenizer is not None)

@@ -189,7 +189,7 @@ def test_causal_lm_converts_loads_and_matches_the_reference_forward(tmp_path):
     saved = json.loads((out / "config.json").read_text())
     assert saved["auto_map"]["AutoModelForCausalLM"] == "modeling_tnn.TnnForCausalLM"
     assert (saved["vocab_size"], saved["decay_gamma"], saved["pad_token_id"], saved["eos_token_id"]) == (
-        24, torch.tensor(0.99).item(), 1, 2)
+        24, 0.99, 1, 2)
     expected = reference_lm_logits(state, IDS)
     for trust in (False, True):
         model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=trust).eval()
@@ -337,6 +337,17 @@ def test_decay_values_must_be_the_configured_gamma(tmp_path):
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", state, args=lm_args())
     with pytest.raises(ValueError, match=r"decoder\.layers\.1\.self_attn\.gtu\.toep\.gamma holds 0\.899.*0\.99"):
         convert_fairseq_checkpoint(ckpt, tmp_path / "hf")
+
+
+def test_a_half_precision_checkpoint_keeps_the_gamma_it_trained_with(tmp_path):
+    state = {k: v.half() for k, v in lm_state().items()}
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", state, args=lm_args())
+    result = convert_fairseq_checkpoint(ckpt, tmp_path / "hf")
+    assert result.config.decay_gamma == torch.tensor(0.99, dtype=torch.float16).item() == 0.990234375
+    assert any("rounded to their precision" in note for note in result.notes)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert model.dtype == torch.float32
+    assert torch.equal(model.model.embeddings.weight, state[LM + "embed_tokens.weight"].float())
 
 
 def test_a_checkpoint_needing_more_than_namespace_needs_trust(tmp_path):
