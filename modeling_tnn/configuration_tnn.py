@@ -64,7 +64,7 @@ class TnnConfig(PretrainedConfig):
             has a fixed support of ``fd_kernel_length`` lags whatever the input length (the receptive field).
         etsc_length: Length ``L`` of the ETSC Toeplitz-to-SSM conversion of a kernel that does not decay (its SSM
             is exact for contexts of at most ``L`` tokens); the SSM of a decaying dense kernel spans at least its
-            float32 support (1,659 lags for ``decay_gamma=0.99`` at initialisation) and is exact at every length.
+            float32 support (about 1,650 lags for ``decay_gamma=0.99`` at initialisation) and is exact at every length.
         generation_cache: How ``generate`` decodes. ``"auto"`` (default): a window of past mixer inputs over the
             kernel's float32 support wherever it has one (FD's finite support; dense with ``decay_gamma < 1``, whose
             tail falls below float32 resolution after a computable number of lags): exact at every length in constant
