@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from .configuration_tnn import TnnConfig
 from .modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel
@@ -411,7 +413,7 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
     return symbols
 
 
-def build_dictionary_tokenizer(path: str | Path, vocab_size: int, kind: str):
+def build_dictionary_tokenizer(path: str | Path, vocab_size: int, kind: str) -> PreTrainedTokenizerFast:
     """A ``PreTrainedTokenizerFast`` (a ``tokenizers`` WordLevel model) mapping the dictionary's symbols to the
     model's ids: text is split on whitespace and each piece looked up (unknown pieces -> ``<unk>``).
 
@@ -420,9 +422,6 @@ def build_dictionary_tokenizer(path: str | Path, vocab_size: int, kind: str):
     dictionary's lines, as fairseq's masked-LM task adds it; masked-LM inputs are wrapped in ``<s> ... </s>`` as in
     RoBERTa, causal-LM inputs are left as they are (fairseq ends each line with ``</s>``).
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     symbols = read_fairseq_dictionary(path)
     if kind == MASKED_LM and len(symbols) + 1 == vocab_size:
         symbols.append(MASK_SYMBOL)
