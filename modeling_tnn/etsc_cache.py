@@ -265,9 +265,11 @@ def _reversed_taps(mixer: TokenMixer, width: int, device: torch.device, dtype: t
 # -- the window of past inputs ------------------------------------------------------------------------------------
 READ_CHUNK_ELEMENTS = 1 << 20  # elements of one window read's temporary product (4 MiB of float32)
 
+
 def _window_capacity(plan: DecodePlan, needed: int) -> int:
-    """Slots of a window plan's buffer: its support, or (growing history) a smooth size >= ``needed``."""
-    return plan.capacity if plan.capacity is not None else smooth_size(max(2 * needed, 64))  # grows geometrically
+    """Slots of a window plan's buffer: its support, or (a growing history) a smooth size of at least twice
+    ``needed``, so that the history is copied into a larger buffer only O(log t) times."""
+    return plan.capacity if plan.capacity is not None else smooth_size(max(2 * needed, 64))
 
 
 def _window_state(v: torch.Tensor, seen: int, capacity: int) -> torch.Tensor:
