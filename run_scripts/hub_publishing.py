@@ -7,7 +7,7 @@ This module holds all the publishing logic; ``publish.py`` is its command line a
    ``all_results.json``, or a ``finetune_glue.py`` Trainer output with ``eval_results.json``) and fails with a
    :class:`PublishError` naming the missing file before anything is built or uploaded.
 2. :func:`build_hub_folder` copies only what a model repository needs, by name (never a glob over the run folder):
-   ``config.json`` (with the five-class ``auto_map``), the model code, ``model.safetensors``, the tokenizer files,
+   ``config.json`` (with an ``auto_map`` of every Auto class the shipped code defines), the model code, ``model.safetensors``, the tokenizer files,
    ``generation_config.json`` for causal models, the run's plots under ``plots/``, and ``README.md``: a model card
    built with ``huggingface_hub.ModelCard``/``ModelCardData`` whose ``model-index`` is read from the run's results
    file. :func:`check_folder` then compares the folder's file list with :data:`ALLOWED_PATTERNS`.
@@ -32,7 +32,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (the five Auto classes every TNN folder exposes)
+from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (every Auto class a TNN folder can expose)
 import glue_data  # noqa: E402  (the GLUE task table: dataset names, splits, metrics, text columns)
 
 logger = logging.getLogger(__name__)
@@ -411,6 +411,14 @@ def usage_snippet(info: RunInfo, repo_id: str, example_text: str | None = None) 
     )
 
 
+def shipped_auto_map(code_files: Iterable[Path]) -> dict[str, str]:
+    """The package's ``auto_map`` narrowed to the classes the shipped model code defines: a run saved by an older
+    version ships code with fewer heads, and its folder must not advertise a class it does not contain."""
+    sources = {p.stem: p.read_text() for p in code_files}
+    return {auto: target for auto, target in AUTO_MAP.items()
+            if f"class {target.split('.')[1]}(" in sources.get(target.split(".")[0], "")}
+
+
 def applicable_auto_classes(info: RunInfo) -> list[str]:
     """The Auto classes that load this checkpoint: the base model, the LM head that fits its saved ``causal``
     value, and sequence classification (a new head on a pretrained backbone)."""
@@ -741,7 +749,7 @@ def build_hub_folder(info: RunInfo, out_dir: str | Path, repo_id: str, options: 
         shutil.copyfile(source, out / source.name)
 
     config = dict(info.config)
-    config["auto_map"] = dict(AUTO_MAP)  # all five Auto classes, whatever the run saved
+    config["auto_map"] = shipped_auto_map(code_files)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name in [*info.weight_files, *info.tokenizer_files]:
         shutil.copyfile(info.path / name, out / name)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Publish a TNN training output to the Hugging Face Hub: build a Hub-ready folder (config with the five-class
+"""Publish a TNN training output to the Hugging Face Hub: build a Hub-ready folder (config with the
 ``auto_map``, model code, ``model.safetensors``, tokenizer, ``generation_config.json`` for causal models, plots and a
 ``README.md`` model card whose ``model-index`` is read from the run's results file), then upload it with one
 ``HfApi().upload_folder`` call, creating the repository when needed.

@@ -485,3 +485,16 @@ def test_generation_limitation_follows_the_mode_the_kernel_and_the_shipped_code(
     code.write_text("etsc_length" + (" kernel_support" if support_aware else ""))
     text = hp._generation_limitation({"etsc_length": 512, **config}, [code])
     assert expected in text
+
+
+def test_auto_map_names_only_the_classes_the_shipped_code_defines(tmp_path):
+    """A run saved by an older version ships code without the token-classification and QA heads: its folder must
+    not advertise them (loading them would fail), while the package's code advertises all seven."""
+    package = hp.model_code_files({"token_mixer": "dense"}, PROJECT_ROOT / "modeling_tnn")
+    assert hp.shipped_auto_map(package) == hp.AUTO_MAP
+    older = tmp_path / "modeling_tnn.py"
+    older.write_text("\n".join(line for line in (PROJECT_ROOT / "modeling_tnn" / "modeling_tnn.py").read_text()
+                               .splitlines() if not line.startswith(("class TnnForTokenClassification(",
+                                                                      "class TnnForQuestionAnswering("))))
+    narrowed = hp.shipped_auto_map([*(p for p in package if p.name != "modeling_tnn.py"), older])
+    assert set(hp.AUTO_MAP) - set(narrowed) == {"AutoModelForTokenClassification", "AutoModelForQuestionAnswering"}
