@@ -38,7 +38,7 @@ STATE_PREFILL = 2048  # every TNN decoding state has its final shape after this 
 def tnn(args, mixer: str) -> TnnForCausalLM:
     config = load_preset("small", token_mixer=mixer, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
                          vocab_size=args.vocab_size, dropout=0.0, etsc_length=args.etsc_length,
-                         fd_kernel_length=args.etsc_length)
+                         fd_kernel_length=args.etsc_length, decay_gamma=args.decay_gamma)
     return TnnForCausalLM(config).eval()
 
 
