@@ -118,10 +118,6 @@ class TnnCacheLayer(LinearAttentionCacheLayerMixin):
         self.lam: torch.Tensor | None = None             # (M,) complex64
         self.coef: torch.Tensor | None = None            # (c, M) complex64
 
-    @property
-    def kind(self) -> str:
-        return "ssm" if self.recurrent_states[0] is not None and self.recurrent_states[0].is_complex() else "window"
-
     def lazy_initialization(self, conv_states=None, recurrent_states=None, state_idx: int = 0) -> None:
         self.device, self.dtype = recurrent_states.device, recurrent_states.dtype
         self.batch_size = recurrent_states.shape[0]

@@ -3,22 +3,19 @@ shape, dtype or range, and what is expected, instead of a failure deep inside an
 
 The checks run at every decoding step, so they are cheap: shape and dtype checks read metadata only, and the value
 checks (token ids within the vocabulary, a 0/1 padding mask) cost one host synchronisation together. The value
-checks are skipped while ``torch.compile`` traces the model (a data-dependent branch would break the graph).
+checks are skipped while ``torch.compile`` or ``torch.export`` traces the model (a data-dependent branch would break
+the graph, and fake tensors have no values).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .mixer_base import tracing
+
 
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
     return tuple(tensor.shape)
-
-
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    is_compiling = getattr(compiler, "is_compiling", None)
-    return bool(is_compiling()) if is_compiling is not None else False
 
 
 def validate_model_inputs(
@@ -93,7 +90,7 @@ def validate_model_inputs(
         if attention_mask.dtype.is_complex:
             raise ValueError(f"attention_mask must be boolean, integer or floating, got dtype {attention_mask.dtype}.")
 
-    if _is_compiling() or inputs.device.type == "meta":
+    if tracing() or inputs.device.type == "meta":
         return
     # One host synchronisation for every value check.
     stats = []

@@ -201,8 +201,9 @@ class TnnModel(TnnPreTrainedModel):
         may cover the cached past too (its last columns are this call's tokens).
 
         With ``use_cache=True`` (as ``generate`` passes) a causal model returns a :class:`TnnCache` in the
-        ``generation_cache`` mode (``"etsc"`` or ``"exact"``; default ``config.generation_cache``); passing that
-        cache back makes the next call continue the sequence in constant time per token.
+        ``generation_cache`` mode (``"auto"``, ``"etsc"`` or ``"exact"``; default ``config.generation_cache``); an
+        eval-mode forward of a causal model returns one unless ``use_cache=False`` (or ``config.use_cache`` is
+        False). Passing that cache back makes the next call continue the sequence in constant time per token.
         """
         validate_model_inputs(input_ids, attention_mask, inputs_embeds,
                               vocab_size=getattr(self.embeddings, "num_embeddings", self.config.vocab_size),
@@ -398,21 +399,17 @@ class TnnForMaskedLM(TnnPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TnnForSequenceClassification(TnnPreTrainedModel):
-    """TNN with a classification/regression head. Causal models pool the last real token, bidirectional models
-    take the masked mean; ``config.problem_type`` selects regression, single- or multi-label classification."""
+class _TnnEncoderHead(TnnPreTrainedModel):
+    """What the sequence, token and span heads share: the backbone, run without a cache on the padding mask
+    (``attention_mask``, else ``input_ids != pad_token_id``), so every real token of a padded batch gets the output it
+    gets when its row runs alone. Bidirectional by default; ``causal=True`` is allowed (a causal backbone, e.g. from a
+    causal LM checkpoint, as transformers' decoder models also ship these heads)."""
 
-    _auto_class = "AutoModelForSequenceClassification"
     _causal_default = False
 
     def __init__(self, config: TnnConfig):
         super().__init__(config)
-        self.num_labels = self.config.num_labels
         self.model = TnnModel(self.config)
-        self.dense = nn.Linear(self.config.hidden_size, self.config.hidden_size)
-        self.dropout = nn.Dropout(self.config.dropout)
-        self.score = nn.Linear(self.config.hidden_size, self.config.num_labels)
-        self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embeddings
@@ -430,6 +427,30 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
         reference = input_ids if input_ids is not None else inputs_embeds
         return None if reference is None else torch.ones(reference.shape[:2], dtype=torch.long,
                                                          device=reference.device)
+
+    def _backbone(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
+                  inputs_embeds: torch.Tensor | None,
+                  output_hidden_states: bool | None) -> tuple[BaseModelOutputWithPast, torch.Tensor | None]:
+        """The backbone's output and the padding mask it ran on."""
+        mask = self._padding_mask(input_ids, attention_mask, inputs_embeds)
+        outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
+                             output_hidden_states=output_hidden_states, return_dict=True)
+        return outputs, mask
+
+
+class TnnForSequenceClassification(_TnnEncoderHead):
+    """TNN with a classification/regression head. Causal models pool the last real token, bidirectional models
+    take the masked mean; ``config.problem_type`` selects regression, single- or multi-label classification."""
+
+    _auto_class = "AutoModelForSequenceClassification"
+
+    def __init__(self, config: TnnConfig):
+        super().__init__(config)
+        self.num_labels = self.config.num_labels
+        self.dense = nn.Linear(self.config.hidden_size, self.config.hidden_size)
+        self.dropout = nn.Dropout(self.config.dropout)
+        self.score = nn.Linear(self.config.hidden_size, self.config.num_labels)
+        self.post_init()
 
     def pool(self, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Last real token (causal; works for left and right padding) or masked mean (bidirectional)."""
@@ -452,9 +473,7 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         """Classify whole sequences; ``labels`` are class ids, floats (regression) or multi-hot rows."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        mask = self._padding_mask(input_ids, attention_mask, inputs_embeds)
-        outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
-                             output_hidden_states=output_hidden_states, return_dict=True)
+        outputs, mask = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
         pooled = self.pool(outputs.last_hidden_state, mask)
         logits = self.score(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
         loss = None
@@ -464,38 +483,7 @@ class TnnForSequenceClassification(TnnPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-# The two per-token heads of in-tree encoders (BERT, RoBERTa, ModernBERT): token classification and extractive QA.
-
-
-class _TnnPerTokenHead(TnnPreTrainedModel):
-    """Shared by the heads that score every position: the backbone, run without a cache, on the padding mask that
-    :class:`TnnForSequenceClassification` uses (``attention_mask``, else ``input_ids != pad_token_id``), so every
-    real token of a padded batch gets the logits it gets when its row runs alone.
-
-    Bidirectional by default; ``causal=True`` is allowed (a causal backbone, e.g. from a causal LM checkpoint, as
-    transformers' decoder models also ship these heads): each position then scores only the tokens up to it."""
-
-    _causal_default = False
-    _padding_mask = TnnForSequenceClassification._padding_mask
-
-    def __init__(self, config: TnnConfig):
-        super().__init__(config)
-        self.model = TnnModel(self.config)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embeddings = value
-
-    def _backbone(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
-                  inputs_embeds: torch.Tensor | None, output_hidden_states: bool | None) -> BaseModelOutputWithPast:
-        mask = self._padding_mask(input_ids, attention_mask, inputs_embeds)
-        return self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
-                          output_hidden_states=output_hidden_states, return_dict=True)
-
-
-class TnnForTokenClassification(_TnnPerTokenHead):
+class TnnForTokenClassification(_TnnEncoderHead):
     """TNN with a linear classifier on every token (named-entity recognition, part-of-speech tagging):
     ``classifier(dropout(h_i))`` with ``config.num_labels`` classes."""
 
@@ -523,7 +511,7 @@ class TnnForTokenClassification(_TnnPerTokenHead):
         cross-entropy over the labelled tokens (``num_items_in_batch`` from Trainer makes it a sum over that count).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
+        outputs, _ = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
@@ -532,7 +520,7 @@ class TnnForTokenClassification(_TnnPerTokenHead):
         return output if return_dict else output.to_tuple()
 
 
-class TnnForQuestionAnswering(_TnnPerTokenHead):
+class TnnForQuestionAnswering(_TnnEncoderHead):
     """TNN for extractive question answering (SQuAD-style): a linear layer gives every token a start and an end
     score of the answer span."""
 
@@ -558,7 +546,7 @@ class TnnForQuestionAnswering(_TnnPerTokenHead):
         ``start_positions`` and ``end_positions`` (token indices, shape ``(batch,)``) the loss is the mean of the
         start and end cross-entropies; positions outside the input are clamped to its length and ignored."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
+        outputs, _ = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
         start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
         loss = None
