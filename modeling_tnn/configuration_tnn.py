@@ -137,18 +137,22 @@ class TnnConfig(PretrainedConfig):
         if key not in VALIDATED_FIELDS or _VALIDATION_DEFERRED.get() or not self._fields_complete():
             super().__setattr__(key, value)
             return
-        before = dict(self.__dict__)
-        super().__setattr__(key, value)
-        self._validate_or_restore(before)
+        with self._validated_batch():
+            super().__setattr__(key, value)
 
     def _fields_complete(self) -> bool:
         # False while __init__ assigns the fields one by one (it validates them all once they are set).
         fields = self.__dict__
         return all(name in fields for name in VALIDATED_FIELDS)
 
-    def _validate_or_restore(self, before: dict[str, Any]) -> None:
-        """Validate; on failure put every attribute back as it was in ``before`` and re-raise."""
+    @contextlib.contextmanager
+    def _validated_batch(self) -> Iterator[None]:
+        """Apply the assignments of the block, then validate them as a whole; all or nothing: on a ``ValueError``
+        (from the block or from validation) every attribute is put back as it was."""
+        before = dict(self.__dict__)
         try:
+            with _validation_deferred():
+                yield
             self.validate_fields()
         except ValueError:
             self.__dict__.clear()
@@ -166,22 +170,14 @@ class TnnConfig(PretrainedConfig):
 
     def update(self, config_dict: dict[str, Any]) -> None:
         """Set the attributes in ``config_dict``; all or nothing: a bad value raises and leaves the config as it was."""
-        before = dict(self.__dict__)
-        with _validation_deferred():
+        with self._validated_batch():
             super().update(config_dict)
-        self._validate_or_restore(before)
 
     def update_from_string(self, update_str: str) -> None:
-        """:meth:`PretrainedConfig.update_from_string` (``"k=v,k2=v2"``), validated like :meth:`update`."""
-        before = dict(self.__dict__)
-        try:
-            with _validation_deferred():
-                super().update_from_string(update_str)
-        except ValueError:  # a malformed string or an unknown key, after some keys may have been set
-            self.__dict__.clear()
-            self.__dict__.update(before)
-            raise
-        self._validate_or_restore(before)
+        """:meth:`PretrainedConfig.update_from_string` (``"k=v,k2=v2"``), validated like :meth:`update` (a malformed
+        string or an unknown key also leaves the config as it was)."""
+        with self._validated_batch():
+            super().update_from_string(update_str)
 
     # -- validation -------------------------------------------------------------------------------------------
     def validate_fields(self) -> None:
