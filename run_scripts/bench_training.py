@@ -1,0 +1,435 @@
+#!/usr/bin/env python
+"""Whole-model training step (forward + backward + AdamW step) of TNN against attention, at matched size.
+
+TNN (dense, fd; ski in the masked suite) against GPT-2 and Llama (causal LM) and BERT (masked LM) from transformers
+with ``attn_implementation="sdpa"``, at a matched parameter count (the baselines' MLP width is solved for it;
+position tables are not counted, as TNN has none). One torch thread.
+
+* Throughput: every model and length is built in this one process and timed once per round; the rounds interleave,
+  so a burst of load on a shared machine hits every model alike. Medians over rounds, ratios within this run.
+* Peak memory: a fresh subprocess per model and length builds the model, its AdamW optimizer and the batch, reads
+  its resident set (VmRSS), resets the kernel's high-water mark (``/proc/self/clear_refs``, falling back to
+  ``ru_maxrss`` where that is refused) and runs one training step (the AdamW state is created in it); the peak is
+  the high-water mark minus that baseline: activations saved for backward, gradients, the optimizer state and the
+  temporaries of one step, not the weights or the interpreter.
+* ``--profile``: torch.profiler's top operators of one training step per model and length.
+
+Suites: ``lm`` (the default: causal and masked LM models built from ``--preset`` at ``--hidden_size``) and ``lra``
+(sequence classification at the ``lra_listops`` preset's sizes: bidirectional TNN against BERT for sequence
+classification with a position table of max(2048, n) rows).
+
+    python run_scripts/bench_training.py --output_dir results/bench_training
+    python run_scripts/bench_training.py --suite lra --output_dir results/bench_lra_speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, load_preset
+
+SUITES = {
+    "lm": {"causal": ["tnn-dense", "tnn-fd", "gpt2", "llama"], "masked": ["tnn-dense", "tnn-fd", "tnn-ski", "bert"]},
+    "lra": {"classify": ["tnn-dense", "tnn-fd", "tnn-ski", "bert"]},
+}
+MATCH_TOLERANCE = 0.035
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="lm")
+    parser.add_argument("--preset", default=None, help="TNN preset (default: small for lm, lra_listops for lra)")
+    parser.add_argument("--hidden_size", type=int, default=None, help="override the preset's (lm default: 256)")
+    parser.add_argument("--lengths", default=None, help="throughput lengths (lm: 64,128,512,2048,8192; "
+                        "lra: 1024,2048,4096)")
+    parser.add_argument("--memory_lengths", default=None, help="peak-memory lengths (lm: 512,2048,8192,32768; "
+                        "lra: 1024,2048,4096); empty for none")
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens per step: batch = max(1, tokens // n)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--families", default=None, help="comma list of the suite's families (causal,masked)")
+    parser.add_argument("--models", default=None, help="comma list restricting the models, e.g. tnn-dense,llama")
+    parser.add_argument("--profile", action="store_true", help="profile one step per model and length instead")
+    parser.add_argument("--profile_rows", type=int, default=15)
+    parser.add_argument("--output_dir", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory_worker", default=None, help=argparse.SUPPRESS)  # "family:model:n:batch"
+    args = parser.parse_args(argv)
+    lm = args.suite == "lm"
+    args.preset = args.preset or ("small" if lm else "lra_listops")
+    args.hidden_size = args.hidden_size or (256 if lm else None)
+    args.lengths = _ints(args.lengths if args.lengths is not None else ("64,128,512,2048,8192" if lm else
+                                                                        "1024,2048,4096"))
+    args.memory_lengths = _ints(args.memory_lengths if args.memory_lengths is not None else
+                                ("512,2048,8192,32768" if lm else "1024,2048,4096"))
+    families = list(SUITES[args.suite]) if args.families is None else args.families.split(",")
+    unknown = [f for f in families if f not in SUITES[args.suite]]
+    if unknown:
+        raise ValueError(f"--families {unknown}: allowed values for suite {args.suite!r} are {list(SUITES[args.suite])}")
+    args.families = families
+    wanted = None if args.models is None else args.models.split(",")
+    allowed = sorted({m for f in SUITES[args.suite].values() for m in f})
+    if wanted is not None and any(m not in allowed for m in wanted):
+        raise ValueError(f"--models {wanted}: allowed values are {allowed}")
+    args.models = wanted
+    args.output_dir = Path(args.output_dir or f"results/{'bench_training' if lm else 'bench_lra_speed'}")
+    return args
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def batch_for(args: argparse.Namespace, n: int) -> int:
+    return max(1, args.tokens // n)
+
+
+# -- models ------------------------------------------------------------------------------------------------------
+
+
+def tnn_config(args: argparse.Namespace, family: str, mixer: str):
+    overrides = dict(token_mixer=mixer, dropout=0.0, causal=family == "causal")
+    if args.hidden_size:
+        overrides["hidden_size"] = args.hidden_size
+    if family == "classify":
+        overrides["num_labels"] = 10
+    return load_preset(args.preset, **overrides)
+
+
+def count(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> int:
+    """Parameters, each shared tensor once, leaving out those whose name contains one of ``skip``."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if id(p) in seen or any(s in name for s in skip):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+POSITION_TABLES = ("wpe", "position_embeddings", "token_type_embeddings")
+
+
+def baseline_config(kind: str, family: str, tnn, width: int, max_n: int):
+    """Config of a baseline with the TNN's width, depth and vocabulary and an MLP of ``width``."""
+    d, layers, vocab = tnn.hidden_size, tnn.num_hidden_layers, tnn.vocab_size
+    heads = max(1, d // 64)
+    if kind == "gpt2":
+        return GPT2Config(vocab_size=vocab, n_positions=max_n, n_embd=d, n_layer=layers, n_head=heads, n_inner=width,
+                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                          attn_implementation="sdpa")
+    if kind == "llama":
+        return LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=width, num_hidden_layers=layers,
+                           num_attention_heads=heads, num_key_value_heads=heads, tie_word_embeddings=True,
+                           max_position_embeddings=max(max_n, 2048), attn_implementation="sdpa")
+    # BERT: its position table has max(2048, n) rows (the LRA baseline's 2048, longer where n needs it).
+    config = BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=width, max_position_embeddings=max(2048, max_n), hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, tie_word_embeddings=True, attn_implementation="sdpa")
+    if family == "classify":
+        config.num_labels = tnn.num_labels
+    return config
+
+
+BASELINE_CLASSES = {("gpt2", "causal"): GPT2LMHeadModel, ("llama", "causal"): LlamaForCausalLM,
+                    ("bert", "masked"): BertForMaskedLM, ("bert", "classify"): BertForSequenceClassification}
+TNN_CLASSES = {"causal": TnnForCausalLM, "masked": TnnForMaskedLM, "classify": TnnForSequenceClassification}
+
+
+def matched_width(kind: str, family: str, tnn, target: int, max_n: int) -> int:
+    """The baseline MLP width whose parameter count (position tables left out) is closest to ``target``."""
+    def params(width: int) -> int:
+        with torch.device("meta"):
+            return count(BASELINE_CLASSES[kind, family](baseline_config(kind, family, tnn, width, max_n)),
+                         POSITION_TABLES)
+    low, high = 1, 1 << 16
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if params(middle) <= target else (low, middle)
+    return min((low, high), key=lambda w: abs(params(w) - target))
+
+
+def build(args: argparse.Namespace, family: str, name: str, max_n: int) -> torch.nn.Module:
+    torch.manual_seed(args.seed)
+    if name.startswith("tnn-"):
+        model = TNN_CLASSES[family](tnn_config(args, family, name[4:]))
+    else:
+        tnn = tnn_config(args, family, "dense")
+        with torch.device("meta"):
+            target = count(TNN_CLASSES[family](tnn))
+        width = matched_width(name, family, tnn, target, max_n)
+        model = BASELINE_CLASSES[name, family](baseline_config(name, family, tnn, width, max_n))
+    return model.train()
+
+
+def make_step(model: torch.nn.Module, family: str, n: int, batch: int, vocab: int, seed: int):
+    """A closure running one training step: forward with the loss, backward, AdamW step, gradients dropped."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, n), generator=generator)
+    if family == "causal":
+        labels = ids
+    elif family == "masked":
+        labels = torch.full_like(ids, -100)
+        chosen = torch.rand(batch, n, generator=generator) < 0.15
+        labels[chosen] = ids[chosen]
+    else:
+        labels = torch.randint(0, 10, (batch,), generator=generator)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        loss = model(input_ids=ids, labels=labels, use_cache=False).loss if family == "causal" else \
+            model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def jobs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
+    return [(f, m) for f in args.families for m in SUITES[args.suite][f] if args.models is None or m in args.models]
+
+
+# -- throughput ----------------------------------------------------------------------------------------------------
+
+
+def throughput(args: argparse.Namespace) -> list[dict]:
+    max_n = max(args.lengths + args.memory_lengths)
+    models = {(f, m): build(args, f, m, max_n) for f, m in jobs_of(args)}
+    rows = []
+    for n in args.lengths:
+        batch = batch_for(args, n)
+        steps = {}
+        for (family, name), model in models.items():
+            step = make_step(model, family, n, batch, model.config.vocab_size, args.seed)
+            step()  # warm-up (allocator, AdamW state)
+            steps[family, name] = step
+        times = {key: [] for key in steps}
+        for round_index in range(args.rounds):
+            for key, step in steps.items():
+                start = time.perf_counter()
+                step()
+                times[key].append(time.perf_counter() - start)
+            print(f"n={n} round {round_index + 1}/{args.rounds}", flush=True)
+        for (family, name), t in times.items():
+            median = statistics.median(t)
+            rows.append(dict(family=family, model=name, n=n, batch=batch, median_s=median, times_s=t,
+                             tokens_per_s=batch * n / median))
+        del steps
+        gc.collect()
+    return rows
+
+
+# -- peak memory ---------------------------------------------------------------------------------------------------
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def memory_worker(args: argparse.Namespace) -> None:
+    family, name, n, batch = args.memory_worker.split(":")
+    n, batch = int(n), int(batch)
+    model = build(args, family, name, max(n, max(args.memory_lengths + args.lengths)))
+    step = make_step(model, family, n, batch, model.config.vocab_size, args.seed)
+    gc.collect()
+    baseline = _status_kb("VmRSS")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        method = "VmHWM after clear_refs"
+    except OSError:
+        method = "ru_maxrss"
+    start = time.perf_counter()
+    step()
+    seconds = time.perf_counter() - start
+    peak = _status_kb("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps(dict(family=family, model=name, n=n, batch=batch, baseline_mb=baseline / 1024,
+                          peak_mb=peak / 1024, step_peak_mb=(peak - baseline) / 1024, step_s=seconds,
+                          method=method)))
+
+
+def memory(args: argparse.Namespace, argv: list[str]) -> list[dict]:
+    rows = []
+    for n in args.memory_lengths:
+        for family, name in jobs_of(args):
+            spec = f"{family}:{name}:{n}:{batch_for(args, n)}"
+            command = [sys.executable, __file__, *argv, "--memory_worker", spec]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                print(f"memory {spec} failed (rc {result.returncode}): {result.stderr[-400:]}", flush=True)
+                rows.append(dict(family=family, model=name, n=n, batch=batch_for(args, n), failed=result.returncode))
+                continue
+            row = json.loads(result.stdout.strip().splitlines()[-1])
+            print(f"memory {spec}: {row['step_peak_mb']:.0f} MB over the baseline ({row['step_s']:.1f} s)", flush=True)
+            rows.append(row)
+    return rows
+
+
+# -- profile -------------------------------------------------------------------------------------------------------
+
+
+def profile(args: argparse.Namespace) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    max_n = max(args.lengths)
+    for family, name in jobs_of(args):
+        model = build(args, family, name, max_n)
+        for n in args.lengths:
+            step = make_step(model, family, n, batch_for(args, n), model.config.vocab_size, args.seed)
+            step()
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                start = time.perf_counter()
+                step()
+                seconds = time.perf_counter() - start
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows,
+                                              max_name_column_width=60)
+            text = f"{family} {name} n={n} batch={batch_for(args, n)}: step {seconds:.3f} s (profiled)\n{table}"
+            print(text, flush=True)
+            (args.output_dir / f"profile_{family}_{name}_{n}.txt").write_text(text)
+
+
+# -- report --------------------------------------------------------------------------------------------------------
+
+RATIOS = {
+    "lm": [("causal", "tnn-dense", "llama"), ("causal", "tnn-fd", "llama"), ("causal", "tnn-dense", "gpt2"),
+           ("causal", "tnn-fd", "gpt2"), ("causal", "tnn-fd", "tnn-dense"), ("masked", "tnn-ski", "bert"),
+           ("masked", "tnn-dense", "bert"), ("masked", "tnn-fd", "bert"), ("masked", "tnn-ski", "tnn-dense"),
+           ("masked", "tnn-fd", "tnn-dense")],
+    "lra": [("classify", "tnn-dense", "bert"), ("classify", "tnn-fd", "bert"), ("classify", "tnn-ski", "bert"),
+            ("classify", "tnn-fd", "tnn-dense"), ("classify", "tnn-ski", "tnn-dense")],
+}
+
+
+def render(args, counts, speed, peaks) -> str:
+    lines = [f"Suite {args.suite}, preset {args.preset}" + (f", hidden {args.hidden_size}" if args.hidden_size else "")
+             + f", one torch thread, tokens per step {args.tokens} (batch = max(1, {args.tokens} // n)), "
+             f"median of {args.rounds} interleaved rounds.", "", "Parameters (position tables not counted):", ""]
+    for (family, name), (total, ratio) in counts.items():
+        lines.append(f"- {family} {name}: {total:,} ({ratio:+.2%} vs TNN dense)")
+    lengths = sorted({r["n"] for r in speed})
+    if speed:
+        lines += ["", "Training steps per second (tokens/s in brackets):", "",
+                  "| family | model | " + " | ".join(f"n={n}" for n in lengths) + " |",
+                  "|---|---|" + "---|" * len(lengths)]
+        for family, name in counts:
+            cells = []
+            for n in lengths:
+                row = next((r for r in speed if (r["family"], r["model"], r["n"]) == (family, name, n)), None)
+                cells.append("—" if row is None else f"{1 / row['median_s']:.3f} ({row['tokens_per_s']:.0f})")
+            lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
+        lines += ["", "Speed ratios (a / b = time of b over time of a):", "",
+                  "| ratio | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+        for family, a, b in RATIOS[args.suite]:
+            cells = []
+            for n in lengths:
+                ta = next((r["median_s"] for r in speed if (r["family"], r["model"], r["n"]) == (family, a, n)), None)
+                tb = next((r["median_s"] for r in speed if (r["family"], r["model"], r["n"]) == (family, b, n)), None)
+                cells.append("—" if ta is None or tb is None else f"{tb / ta:.2f}x")
+            if any(c != "—" for c in cells):
+                lines.append(f"| {family} {a} / {b} | " + " | ".join(cells) + " |")
+    if peaks:
+        mem_lengths = sorted({r["n"] for r in peaks})
+        lines += ["", f"Peak memory of one training step, MB over the process's resident set after building model, "
+                  f"optimizer and batch ({peaks[0].get('method', '')}; fresh process each):", "",
+                  "| family | model | " + " | ".join(f"n={n}" for n in mem_lengths) + " |",
+                  "|---|---|" + "---|" * len(mem_lengths)]
+        for family, name in counts:
+            cells = []
+            for n in mem_lengths:
+                row = next((r for r in peaks if (r["family"], r["model"], r["n"]) == (family, name, n)), None)
+                cells.append("—" if row is None else ("failed" if "failed" in row else f"{row['step_peak_mb']:.0f}"))
+            lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(args, speed, peaks, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(f, "speed") for f in args.families if any(r["family"] == f for r in speed)]
+    panels += [(f, "memory") for f in args.families if any(r["family"] == f and "failed" not in r for r in peaks)]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (family, what) in zip(axes[0], panels):
+        rows = [r for r in (speed if what == "speed" else peaks) if r["family"] == family and "failed" not in r]
+        for name in dict.fromkeys(r["model"] for r in rows):
+            mine = sorted((r for r in rows if r["model"] == name), key=lambda r: r["n"])
+            values = [r["tokens_per_s"] if what == "speed" else r["step_peak_mb"] for r in mine]
+            ax.plot([r["n"] for r in mine], values, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length n")
+        ax.set_ylabel("training tokens / s" if what == "speed" else "peak MB of one step")
+        ax.set_title(f"{family}: {'throughput' if what == 'speed' else 'peak memory'}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"Training step (fwd + bwd + AdamW), one thread, {args.tokens} tokens per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    if args.memory_worker:
+        memory_worker(args)
+        return
+    if args.profile:
+        profile(args)
+        return
+    max_n = max(args.lengths + args.memory_lengths)
+    counts = {}
+    for family, name in jobs_of(args):
+        with torch.device("meta"):
+            tnn_total = count(TNN_CLASSES[family](tnn_config(args, family, "dense")))
+            model = build(args, family, name, max_n) if not name.startswith("tnn-") else None
+        total = tnn_total if model is None else count(model, POSITION_TABLES)
+        if name.startswith("tnn-"):
+            with torch.device("meta"):
+                total = count(TNN_CLASSES[family](tnn_config(args, family, name[4:])))
+        counts[family, name] = (total, total / tnn_total - 1)
+        print(f"{family} {name}: {total:,} parameters ({total / tnn_total - 1:+.2%})", flush=True)
+        if abs(total / tnn_total - 1) > MATCH_TOLERANCE:
+            print(f"  warning: {name} is not within {MATCH_TOLERANCE:.1%} of TNN dense", flush=True)
+    speed = throughput(args) if args.lengths else []
+    peaks = memory(args, argv) if args.memory_lengths else []
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    text = render(args, counts, speed, peaks)
+    print(text)
+    command = "python run_scripts/bench_training.py " + " ".join(argv)
+    (args.output_dir / "table.md").write_text(text + f"\nReproduce: `{command}`\n")
+    (args.output_dir / "results.json").write_text(json.dumps(dict(
+        command=command, suite=args.suite, preset=args.preset, hidden_size=args.hidden_size, tokens=args.tokens,
+        rounds=args.rounds, torch=torch.__version__, threads=1,
+        parameters={f"{f}/{m}": c[0] for (f, m), c in counts.items()}, throughput=speed, memory=peaks), indent=1))
+    plot(args, speed, peaks, args.output_dir / "training.png")
+
+
+if __name__ == "__main__":
+    main()
