@@ -13,11 +13,16 @@ from transformers import PretrainedConfig
 
 TOKEN_MIXERS = ("dense", "fd", "ski")
 GENERATION_CACHE_MODES = ("auto", "etsc", "exact")
+# The papers' architecture choices (the defaults are the first value of each: this project's original block).
+NORM_PLACEMENTS = ("pre", "post")
+FINAL_NORMS = ("layernorm", "simplermsnorm", "none")
+CLASSIFIER_POOLINGS = ("auto", "mean", "last")
 # The fields validate_fields checks: assigning one of them re-validates the config (see TnnConfig.__setattr__).
 VALIDATED_FIELDS = frozenset({
     "vocab_size", "hidden_size", "num_hidden_layers", "gtu_expand_ratio", "glu_expand_ratio", "rpe_dim",
     "rpe_layers", "decay_gamma", "token_mixer", "causal", "ski_rank", "ski_kernel_size", "fd_kernel_length",
-    "etsc_length", "generation_cache", "dropout", "initializer_range",
+    "etsc_length", "generation_cache", "dropout", "initializer_range", "norm_placement", "embedding_layer_norm",
+    "scale_embeddings", "final_norm", "classifier_pooling",
 })
 # Set while a batch of assignments is applied (from_dict's kwargs, update): the batch is validated as a whole once
 # it is complete, so that an order such as token_mixer="ski" before causal=False is not refused half-way.
@@ -73,6 +78,19 @@ class TnnConfig(PretrainedConfig):
             with ``decay_gamma == 1``: O(t) per token).
         dropout: Dropout on the embeddings and on each residual branch.
         initializer_range: Standard deviation of the classification heads' initialisation.
+        norm_placement: Where each block's two SimpleRMSNorms sit. ``"pre"`` (default): ``x = x + f(norm(x))``, the
+            paper's causal LM. ``"post"``: ``x = norm(x + f(x))``, a SimpleRMSNorm after each residual add, the
+            paper's RoBERTa-style BLM (``roberta_tnn_v2_decay_99``), which also has ``final_norm="none"``.
+        embedding_layer_norm: A LayerNorm (with weight and bias) on the token embeddings, after the scale and before
+            the dropout (the BLM's ``layernorm_embedding``). Default False.
+        scale_embeddings: Multiply the token embeddings by ``sqrt(hidden_size)`` (default True, the paper's LM);
+            False for the BLM and the LRA models, which feed them unscaled.
+        final_norm: The norm after the last block: ``"layernorm"`` (default; a LayerNorm with weight and bias),
+            ``"simplermsnorm"`` (parameter-free, the LRA models) or ``"none"`` (the post-norm BLM).
+        classifier_pooling: How :class:`TnnForSequenceClassification` pools the sequence. ``"auto"`` (default):
+            the last real token for a causal model, the mean over the real (non-padded) tokens for a bidirectional
+            one. ``"mean"``: the mean over the real tokens whatever the direction (the BLM's and the LRA models'
+            pooling). ``"last"``: the last real token whatever the direction.
     """
 
     model_type = "tnn"
@@ -98,6 +116,11 @@ class TnnConfig(PretrainedConfig):
         generation_cache: str = "auto",
         dropout: float = 0.1,
         initializer_range: float = 0.02,
+        norm_placement: str = "pre",
+        embedding_layer_norm: bool = False,
+        scale_embeddings: bool = True,
+        final_norm: str = "layernorm",
+        classifier_pooling: str = "auto",
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
@@ -122,6 +145,11 @@ class TnnConfig(PretrainedConfig):
         self.generation_cache = generation_cache
         self.dropout = dropout
         self.initializer_range = initializer_range
+        self.norm_placement = norm_placement
+        self.embedding_layer_norm = embedding_layer_norm
+        self.scale_embeddings = scale_embeddings
+        self.final_norm = final_norm
+        self.classifier_pooling = classifier_pooling
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -215,6 +243,15 @@ class TnnConfig(PretrainedConfig):
             raise ValueError(
                 f"TnnConfig.generation_cache must be one of {GENERATION_CACHE_MODES}, got {self.generation_cache!r}."
             )
+        for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("final_norm", FINAL_NORMS),
+                              ("classifier_pooling", CLASSIFIER_POOLINGS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise ValueError(f"TnnConfig.{name} must be one of {allowed}, got {value!r}.")
+        for name in ("embedding_layer_norm", "scale_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"TnnConfig.{name} must be True or False, got {value!r}.")
         if self.causal is True and self.token_mixer == "ski":
             raise ValueError(self._causal_ski_message())
 

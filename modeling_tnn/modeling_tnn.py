@@ -96,11 +96,14 @@ class Glu(nn.Module):
 
 
 class TnnBlock(GradientCheckpointingLayer):
-    """Pre-norm block: ``x += drop(GTU(norm(x)))``, ``x += drop(GLU(norm(x)))``."""
+    """A GTU and a GLU, each on a residual branch with a SimpleRMSNorm. ``config.norm_placement="pre"`` (default):
+    ``x += drop(GTU(norm(x)))``, ``x += drop(GLU(norm(x)))``; ``"post"``: ``x = norm(x + drop(GTU(x)))``,
+    ``x = norm(x + drop(GLU(x)))``. The norms are parameter-free, so both placements have the same weights."""
 
     def __init__(self, config: TnnConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
+        self.post_norm = config.norm_placement == "post"
         self.token_norm = SimpleRMSNorm()
         self.gtu = Gtu(config, layer_idx)
         self.channel_norm = SimpleRMSNorm()
@@ -109,8 +112,21 @@ class TnnBlock(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None) -> torch.Tensor:
+        if self.post_norm:
+            hidden_states = self.token_norm(
+                hidden_states + self.dropout(self.gtu(hidden_states, attention_mask, cache)))
+            return self.channel_norm(hidden_states + self.dropout(self.glu(hidden_states)))
         hidden_states = hidden_states + self.dropout(self.gtu(self.token_norm(hidden_states), attention_mask, cache))
         return hidden_states + self.dropout(self.glu(self.channel_norm(hidden_states)))
+
+
+def build_final_norm(config: TnnConfig) -> nn.Module:
+    """The norm after the last block named by ``config.final_norm`` (validated by the config)."""
+    if config.final_norm == "layernorm":
+        return nn.LayerNorm(config.hidden_size)
+    if config.final_norm == "simplermsnorm":
+        return SimpleRMSNorm()
+    return nn.Identity()
 
 
 class TnnPreTrainedModel(PreTrainedModel):
@@ -163,7 +179,9 @@ class TnnPreTrainedModel(PreTrainedModel):
 
 
 class TnnModel(TnnPreTrainedModel):
-    """The TNN backbone: scaled token embeddings (no positional embeddings), TNN blocks, a final LayerNorm."""
+    """The TNN backbone: token embeddings (no positional embeddings; scaled by ``sqrt(hidden_size)`` unless
+    ``config.scale_embeddings`` is False, then a LayerNorm if ``config.embedding_layer_norm``), TNN blocks (pre- or
+    post-norm, ``config.norm_placement``) and the final norm of ``config.final_norm`` (a LayerNorm by default)."""
 
     _auto_class = "AutoModel"
 
@@ -171,10 +189,12 @@ class TnnModel(TnnPreTrainedModel):
         super().__init__(config)
         config = self.config  # causal resolved
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.embed_scale = math.sqrt(config.hidden_size)
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+        if config.embedding_layer_norm:  # absent otherwise: the state dict of today's models is unchanged
+            self.embedding_norm = nn.LayerNorm(config.hidden_size)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(TnnBlock(config, i) for i in range(config.num_hidden_layers))
-        self.final_norm = nn.LayerNorm(config.hidden_size)
+        self.final_norm = build_final_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -227,7 +247,10 @@ class TnnModel(TnnPreTrainedModel):
         if cache is None and use_cache and self.config.causal and not (self.training and torch.is_grad_enabled()):
             cache = TnnCache(self.config, mode=generation_cache)
 
-        hidden_states = self.dropout(inputs_embeds * self.embed_scale)
+        hidden_states = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
+        if self.config.embedding_layer_norm:
+            hidden_states = self.embedding_norm(hidden_states)
+        hidden_states = self.dropout(hidden_states)
         all_hidden_states = () if output_hidden_states else None
         for layer in self.layers:
             if output_hidden_states:
@@ -439,8 +462,10 @@ class _TnnEncoderHead(TnnPreTrainedModel):
 
 
 class TnnForSequenceClassification(_TnnEncoderHead):
-    """TNN with a classification/regression head. Causal models pool the last real token, bidirectional models
-    take the masked mean; ``config.problem_type`` selects regression, single- or multi-label classification."""
+    """TNN with a classification/regression head: ``score(drop(tanh(dense(drop(pool(h))))))``. With
+    ``config.classifier_pooling="auto"`` causal models pool the last real token and bidirectional models take the
+    mean over the real tokens; ``"mean"`` or ``"last"`` choose one for either direction. ``config.problem_type``
+    selects regression, single- or multi-label classification."""
 
     _auto_class = "AutoModelForSequenceClassification"
 
@@ -453,8 +478,12 @@ class TnnForSequenceClassification(_TnnEncoderHead):
         self.post_init()
 
     def pool(self, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Last real token (causal; works for left and right padding) or masked mean (bidirectional)."""
-        if self.config.causal:
+        """The last real token (works for left and right padding) or the mean over the real tokens (``mask``: 1 =
+        token), as ``config.classifier_pooling`` says (``"auto"``: last if causal, mean if bidirectional)."""
+        pooling = self.config.classifier_pooling
+        if pooling == "auto":
+            pooling = "last" if self.config.causal else "mean"
+        if pooling == "last":
             positions = torch.arange(mask.shape[1], device=mask.device)
             last = (positions * (mask > 0)).argmax(dim=1)
             return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last]
