@@ -79,7 +79,7 @@ def test_causal_ski_is_refused_with_advice():
 
 
 def test_presets_and_overrides():
-    assert {"wikitext103_lm", "roberta_blm", "small", "tiny"} <= set(list_presets())
+    assert {"wikitext103_lm", "roberta_blm", "lra_listops", "small", "tiny"} <= set(list_presets())
     config = load_preset("small", hidden_size=64)
     assert config.hidden_size == 64 and config.num_hidden_layers == 4
     with pytest.raises(ValueError, match="Unknown TNN preset 'nope'"):
@@ -95,8 +95,39 @@ def test_paper_presets():
     lm = load_preset("wikitext103_lm")
     assert (lm.num_hidden_layers, lm.hidden_size, lm.gtu_expand_ratio, lm.glu_expand_ratio) == (7, 512, 3, 1)
     assert (lm.rpe_dim, lm.rpe_layers, lm.decay_gamma, lm.causal) == (64, 6, 0.99, True)
-    blm = load_preset("roberta_blm")
+    assert (lm.norm_placement, lm.embedding_layer_norm, lm.scale_embeddings, lm.final_norm) == (
+        "pre", False, True, "layernorm")
+    blm = load_preset("roberta_blm")  # roberta_tnn_v2_decay_99
     assert (blm.num_hidden_layers, blm.hidden_size, blm.causal) == (12, 768, False)
+    assert (blm.gtu_expand_ratio, blm.glu_expand_ratio, blm.rpe_dim, blm.rpe_layers, blm.decay_gamma) == (
+        3, 1, 64, 6, 0.99)
+    assert (blm.norm_placement, blm.embedding_layer_norm, blm.scale_embeddings, blm.final_norm,
+            blm.classifier_pooling) == ("post", True, False, "none", "mean")
+    listops = load_preset("lra_listops")  # tnn_lra_listops
+    assert (listops.num_hidden_layers, listops.hidden_size, listops.vocab_size, listops.num_labels) == (6, 80, 20, 10)
+    assert (listops.gtu_expand_ratio, listops.glu_expand_ratio, listops.rpe_dim, listops.rpe_layers,
+            listops.decay_gamma, listops.causal) == (3, 1, 32, 1, 0.99, False)
+    assert (listops.norm_placement, listops.embedding_layer_norm, listops.scale_embeddings, listops.final_norm,
+            listops.classifier_pooling) == ("pre", False, False, "simplermsnorm", "mean")
+
+
+@pytest.mark.parametrize("preset, cls, total", [
+    ("wikitext103_lm", TnnForCausalLM, 48_666_624),
+    ("roberta_blm", TnnForMaskedLM, 126_372_441),
+    ("lra_listops", TnnForSequenceClassification, 528_730),
+    ("small", TnnForCausalLM, 2_101_632),
+])
+def test_preset_parameter_counts_match_their_descriptions(preset, cls, total):
+    """The counts written in the presets' _description fields (and the README table)."""
+    import json
+    import torch
+
+    from modeling_tnn.presets import _preset_dir
+
+    with torch.device("meta"):
+        model = cls(load_preset(preset))
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == total
+    assert f"{total:,}" in json.loads((_preset_dir() / f"{preset}.json").read_text())["_description"]
 
 
 def test_wikitext103_lm_parameter_count():
@@ -129,6 +160,11 @@ BAD_FIELDS = [
     ("dropout", 1.0, r"TnnConfig.dropout must lie in \[0, 1\), got 1.0"),
     ("generation_cache", "bogus", r"TnnConfig.generation_cache must be one of \(.*'etsc', 'exact'\), got 'bogus'"),
     ("token_mixer", "attention", r"TnnConfig.token_mixer must be one of \('dense', 'fd', 'ski'\)"),
+    ("norm_placement", "middle", r"TnnConfig.norm_placement must be one of \('pre', 'post'\), got 'middle'"),
+    ("final_norm", "rmsnorm",
+     r"TnnConfig.final_norm must be one of \('layernorm', 'simplermsnorm', 'none'\), got 'rmsnorm'"),
+    ("classifier_pooling", "cls",
+     r"TnnConfig.classifier_pooling must be one of \('auto', 'mean', 'last'\), got 'cls'"),
 ]
 
 
@@ -182,7 +218,9 @@ def test_every_config_path_validates(saved_lm, path, field, value, message):
 @pytest.mark.parametrize("field, value", [("dropout", True), ("decay_gamma", float("nan")),
                                           ("gtu_expand_ratio", float("nan")), ("glu_expand_ratio", float("inf")),
                                           ("dropout", -0.1), ("initializer_range", -1.0), ("causal", 1),
-                                          ("hidden_size", 2.0), ("rpe_layers", -1)])
+                                          ("hidden_size", 2.0), ("rpe_layers", -1),
+                                          ("embedding_layer_norm", "yes"), ("scale_embeddings", 1),
+                                          ("norm_placement", None), ("final_norm", ["none"])])
 def test_odd_values_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"TnnConfig.{field} must"):
         TnnConfig(**{field: value})
