@@ -1,11 +1,14 @@
 """Convert the TNN authors' fairseq checkpoints (``OpenNLPLab/fairseq-evo``) into Hub-ready folders.
 
 Supported: the causal LM of the ``tnn_v2_lm`` model (``tnn_v2_decay_99_pre`` and the variants that only change sizes
-or the decay) as :class:`~modeling_tnn.TnnForCausalLM`, and a ``roberta_tnn_v2`` masked LM as
-:class:`~modeling_tnn.TnnForMaskedLM` when it was trained with the same block as ours (pre-norm, scaled embeddings, no
-embedding LayerNorm). The published BLM ``roberta_tnn_v2_decay_99`` is post-norm with an embedding LayerNorm, no
-embedding scale and no final LayerNorm: our blocks are pre-norm, so it is refused with those four differences named
-rather than converted into a different model.
+or the decay) as :class:`~modeling_tnn.TnnForCausalLM`, and the ``roberta_tnn_v2`` masked LM as
+:class:`~modeling_tnn.TnnForMaskedLM`, among them the published BLM ``roberta_tnn_v2_decay_99``. The block choices
+of either are read from the arguments into the config (:func:`block_options`): ``{side}_normalize_before`` gives
+``norm_placement`` (pre-norm, or post-norm with a SimpleRMSNorm after each residual add), ``no_scale_embedding`` gives
+``scale_embeddings``, ``layernorm_embedding`` gives ``embedding_layer_norm`` (its ``layernorm_embedding.{weight,bias}``
+map to ``model.embedding_norm``), and fairseq's rule for the final LayerNorm (present only for a pre-norm stack, and
+for a decoder only without ``no_decoder_final_norm``) gives ``final_norm`` (``"layernorm"`` or ``"none"``). The
+published BLM thus converts as post-norm, with an embedding LayerNorm, unscaled embeddings and no final norm.
 
 Every tensor of the checkpoint is accounted for: it maps to one of our parameters (:data:`NAME_RULES`), or it is one
 of the fairseq-only entries that are checked and dropped (the decoder/encoder ``version`` buffer and each layer's
@@ -57,6 +60,7 @@ BACKBONE_PREFIX = {CAUSAL_LM: "decoder.", MASKED_LM: "encoder.sentence_encoder."
 # TnnForCausalLM / TnnForMaskedLM matches exactly one rule of its kind.
 _BLOCK_RULES = [
     (r"model\.embeddings\.weight", "{B}embed_tokens.weight"),
+    (r"model\.embedding_norm\.(weight|bias)", r"{B}layernorm_embedding.\1"),
     (r"model\.final_norm\.(weight|bias)", r"{B}layer_norm.\1"),
     (r"model\.layers\.(\d+)\.gtu\.u_proj\.(weight|bias)", r"{B}layers.\1.self_attn.gtu.u_proj.\2"),
     (r"model\.layers\.(\d+)\.gtu\.v_proj\.(weight|bias)", r"{B}layers.\1.self_attn.gtu.v_proj.\2"),
@@ -197,14 +201,11 @@ def architecture_differences(args: Mapping[str, Any], kind: str) -> list[str]:
     for name in (f"{side}_embed_dim", f"{side}_layers"):
         if get(name) is None:
             problems.append(f"{name} is missing from the checkpoint's arguments: the sizes cannot be read")
-    expect(f"{side}_normalize_before", None, True,
-           "the reference block is post-norm (x = Norm(x + f(x))); ours is pre-norm (x = x + f(Norm(x)))")
+    if get(f"{side}_normalize_before") is None:
+        problems.append(f"{side}_normalize_before is missing from the checkpoint's arguments: the block's norm "
+                        "placement (pre- or post-norm) cannot be read")
     expect("no_token_positional_embeddings", False, True,
            "the reference adds positional embeddings; ours has none")
-    expect("no_scale_embedding", False, False,
-           "the reference does not scale its token embeddings; ours multiplies them by sqrt(hidden_size)")
-    expect("layernorm_embedding", False, lambda v: not v,
-           "the reference has a LayerNorm after the embeddings; ours has none")
     expect("norm_type", "layernorm", "simplermsnorm",
            "the block norms are not the parameter-free SimpleRMSNorm our blocks use")
     expect("act_fun", "silu", "silu", "the GTU's activation is not SiLU")
@@ -230,20 +231,42 @@ def architecture_differences(args: Mapping[str, Any], kind: str) -> list[str]:
         if any(v != get("decoder_embed_dim") for v in dims.values()):
             problems.append(f"{dims} differ from decoder_embed_dim={get('decoder_embed_dim')!r}: the reference "
                             "projects in and out; ours has one width")
-        expect("no_decoder_final_norm", False, lambda v: not v, "the reference has no final LayerNorm; ours has one")
         expect("adaptive_input", False, lambda v: not v, "adaptive input embeddings are not ours")
         expect("adaptive_softmax_cutoff", None, lambda v: v is None, "an adaptive softmax is not our LM head")
         expect("character_embeddings", False, lambda v: not v, "character embeddings are not ours")
     else:
-        if not get("encoder_normalize_before"):
-            problems.append("the post-norm encoder has no final LayerNorm; ours applies one after the last block")
         expect("activation_fn", "gelu", "gelu", "the masked-LM head's activation is not the exact GELU ours uses")
     return problems
 
 
+def block_options(args: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The config's architecture options for the checkpoint's block, from its arguments (fairseq's own rules):
+
+    - ``norm_placement``: ``"pre"`` if ``{side}_normalize_before`` else ``"post"`` (the reference layer normalises
+      after each residual add, with the same parameter-free SimpleRMSNorm);
+    - ``scale_embeddings``: ``not no_scale_embedding`` (fairseq's ``embed_scale`` is ``sqrt(d)`` or 1);
+    - ``embedding_layer_norm``: ``layernorm_embedding`` (a LayerNorm after the scale, before the dropout);
+    - ``final_norm``: ``"layernorm"`` where fairseq builds the stack's final ``layer_norm`` (a pre-norm encoder; a
+      pre-norm decoder without ``no_decoder_final_norm``), else ``"none"``;
+    - ``classifier_pooling``: ``"mean"`` for the masked LM, whose classification head
+      (``RobertaClassificationNoClsHead``) averages the positions instead of reading ``<s>``.
+    """
+    side = "decoder" if kind == CAUSAL_LM else "encoder"
+    pre_norm = bool(args.get(f"{side}_normalize_before"))
+    final = pre_norm and not (kind == CAUSAL_LM and bool(args.get("no_decoder_final_norm", False)))
+    options = dict(norm_placement="pre" if pre_norm else "post",
+                   scale_embeddings=not bool(args.get("no_scale_embedding", False)),
+                   embedding_layer_norm=bool(args.get("layernorm_embedding", False)),
+                   final_norm="layernorm" if final else "none")
+    if kind == MASKED_LM:
+        options["classifier_pooling"] = "mean"
+    return options
+
+
 def build_config(args: Mapping[str, Any], kind: str, state_dict: Mapping[str, torch.Tensor]) -> TnnConfig:
     """Our :class:`TnnConfig` from the checkpoint's arguments (the vocabulary size from its embedding, the decay from
-    its fixed ``toep.gamma`` values, see :func:`decay_gamma`)."""
+    its fixed ``toep.gamma`` values, see :func:`decay_gamma`, the block's norms and embedding scale from
+    :func:`block_options`)."""
     side = "decoder" if kind == CAUSAL_LM else "encoder"
     prefix = BACKBONE_PREFIX[kind]
     embed = state_dict.get(prefix + "embed_tokens.weight")
@@ -275,6 +298,7 @@ def build_config(args: Mapping[str, Any], kind: str, state_dict: Mapping[str, to
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         tie_word_embeddings=tied,
+        **block_options(args, kind),
     )
 
 
@@ -347,7 +371,8 @@ def map_state_dict(state_dict: Mapping[str, torch.Tensor], model: TnnPreTrainedM
             lines.append(f"missing key(s), which {type(model).__name__} needs: {missing}")
         raise ValueError("The checkpoint's tensors do not match the model its arguments describe:\n  - "
                          + "\n  - ".join(lines))
-    _check_version(state_dict[prefix + "version"], prefix + "version", kind)
+    if model.config.final_norm == "layernorm":
+        _check_version(state_dict[prefix + "version"], prefix + "version", kind)
 
     mapped, mismatched = {}, []
     for fs_key, our_key in expected.items():
@@ -377,12 +402,13 @@ def map_state_dict(state_dict: Mapping[str, torch.Tensor], model: TnnPreTrainedM
 
 
 def _check_version(version: torch.Tensor, key: str, kind: str) -> None:
-    # fairseq drops the final LayerNorm of a checkpoint whose version is below 2 (encoder) or at most 2 (decoder).
+    # fairseq drops the final LayerNorm of a checkpoint whose version is below 2 (encoder) or at most 2 (decoder);
+    # checked only where the arguments describe a final LayerNorm (a post-norm stack has none to drop).
     value = float(version.flatten()[0])
     too_old = value <= 2 if kind == CAUSAL_LM else value < 2
     if too_old:
         raise ValueError(f"{key} is {value:g}: fairseq loads such an old checkpoint without its final LayerNorm, "
-                         "which our model always has.")
+                         "which the model its arguments describe has (final_norm='layernorm').")
 
 
 # -- the tokenizer ---------------------------------------------------------------------------------------------------
@@ -491,6 +517,10 @@ def convert_fairseq_checkpoint(checkpoint_path: str | Path, output_dir: str | Pa
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
     notes = list(BEHAVIOUR_NOTES)
+    if kind == MASKED_LM:
+        notes.append("Classification: the folder loads as TnnForSequenceClassification with classifier_pooling='mean' "
+                     "(the mean over the real tokens); the reference's head averages every position, pads included, "
+                     "so the two agree on unpadded inputs.")
     if config.decay_gamma != float(args.get("gamma", 0.99)) and args.get("use_decay", False):
         notes.append(f"decay_gamma is {config.decay_gamma!r}: the value the checkpoint's decay tensors hold "
                      f"(args.gamma={args.get('gamma')!r} rounded to their precision), what the model trained with.")

@@ -116,16 +116,23 @@ def _srms(x):  # the reference's SimpleRMSNorm: x / (||x|| d^-1/2 + 1e-8), no pa
     return x / (x.norm(dim=-1, keepdim=True) * x.shape[-1] ** -0.5 + 1e-8)
 
 
-def reference_backbone(sd: dict, prefix: str, ids: torch.Tensor, layers: int, rpe_layers: int, causal: bool):
-    """Pre-norm TNN: scaled embeddings, [x += GTU(norm x); x += GLU(norm x)] per layer, final LayerNorm."""
+def reference_backbone(sd: dict, prefix: str, ids: torch.Tensor, layers: int, rpe_layers: int, causal: bool,
+                       pre_norm: bool = True, scale: bool = True, embed_norm: bool = False, final_norm: bool = True):
+    """The reference TNN stack. Pre-norm (``normalize_before``): scaled embeddings, [x += GTU(norm x);
+    x += GLU(norm x)] per layer, final LayerNorm. Post-norm (RoBERTa's ``roberta_tnn_v2_decay_99``): embeddings
+    scaled by 1 (``no_scale_embedding``), ``layernorm_embedding``, [x = norm(x + GTU(x)); x = norm(x + GLU(x))], no
+    final LayerNorm (fairseq builds it only for a pre-norm stack)."""
     emb = sd[prefix + "embed_tokens.weight"]
-    x = emb[ids] * math.sqrt(emb.shape[1])
+    x = emb[ids] * (math.sqrt(emb.shape[1]) if scale else 1.0)
+    if embed_norm:
+        x = F.layer_norm(x, (x.shape[-1],), sd[prefix + "layernorm_embedding.weight"],
+                         sd[prefix + "layernorm_embedding.bias"])
     n = ids.shape[1]
     lags = torch.arange(-(n - 1), n, dtype=torch.float32)
     offsets = torch.arange(n)[:, None] - torch.arange(n)[None, :] + (n - 1)  # T[i, j] = t[i - j]
     for i in range(layers):
         p = f"{prefix}layers.{i}."
-        h = _srms(x)
+        h = _srms(x) if pre_norm else x
         u, v = F.silu(_linear(sd, p + "self_attn.gtu.u_proj", h)), F.silu(_linear(sd, p + "self_attn.gtu.v_proj", h))
         z = _linear(sd, p + "self_attn.gtu.toep.rpe.pos_proj", lags[:, None])
         for j in range(rpe_layers):
@@ -137,18 +144,24 @@ def reference_backbone(sd: dict, prefix: str, ids: torch.Tensor, layers: int, rp
             t = t * (lags >= 0)[:, None]
         mixed = torch.einsum("ijc,bjc->bic", t[offsets], v)
         x = x + _linear(sd, p + "self_attn.gtu.o", u * mixed)
-        h = _srms(x)
+        if not pre_norm:
+            x = _srms(x)  # self_attn_layer_norm after the residual add
+        h = _srms(x) if pre_norm else x
         x = x + _linear(sd, p + "glu.l3", F.silu(_linear(sd, p + "glu.l1", h)) * _linear(sd, p + "glu.l2", h))
+        if not pre_norm:
+            x = _srms(x)  # final_layer_norm after the residual add
+    if not final_norm:
+        return x
     d = x.shape[-1]
     return F.layer_norm(x, (d,), sd[prefix + "layer_norm.weight"], sd[prefix + "layer_norm.bias"])
 
 
-def reference_lm_logits(sd, ids):
-    return reference_backbone(sd, LM, ids, 2, 2, causal=True) @ sd[LM + "output_projection.weight"].T
+def reference_lm_logits(sd, ids, **block):
+    return reference_backbone(sd, LM, ids, 2, 2, causal=True, **block) @ sd[LM + "output_projection.weight"].T
 
 
-def reference_mlm_logits(sd, ids):
-    x = F.gelu(_linear(sd, "encoder.lm_head.dense", reference_backbone(sd, BLM, ids, 2, 2, causal=False)))
+def reference_mlm_logits(sd, ids, **block):
+    x = F.gelu(_linear(sd, "encoder.lm_head.dense", reference_backbone(sd, BLM, ids, 2, 2, causal=False, **block)))
     x = F.layer_norm(x, (x.shape[-1],), sd["encoder.lm_head.layer_norm.weight"], sd["encoder.lm_head.layer_norm.bias"])
     return x @ sd["encoder.lm_head.weight"].T + sd["encoder.lm_head.bias"]
 
@@ -291,16 +304,95 @@ def test_the_paper_lm_sizes_give_our_parameter_count():
 # -- refusals ----------------------------------------------------------------------------------------------------
 
 
-def test_published_post_norm_blm_is_refused_with_each_difference(tmp_path):
-    ckpt = save_checkpoint(tmp_path / "ckpt.pt", blm_state(final_norm=False, layernorm_embedding=True),
+def test_published_post_norm_blm_converts_and_matches_the_reference_forward(tmp_path):
+    """roberta_tnn_v2_decay_99 (RoBERTa's base_architecture: post-norm, layernorm_embedding, no_scale_embedding, no
+    final LayerNorm) converts into the same model: the config options, the embedding LayerNorm's tensors, and the
+    logits of a forward written from the reference's definitions."""
+    state = blm_state(final_norm=False, layernorm_embedding=True)
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", state, args=argparse.Namespace(**blm_args()))
+    out = tmp_path / "hf"
+    result = convert_fairseq_checkpoint(ckpt, out, dictionary_path=write_dictionary(tmp_path / "dict.txt"))
+    config = result.config
+    assert (config.norm_placement, config.embedding_layer_norm, config.scale_embeddings, config.final_norm,
+            config.classifier_pooling) == ("post", True, False, "none", "mean")
+    assert any("classifier_pooling='mean'" in note for note in result.notes)
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["norm_placement"], saved["embedding_layer_norm"], saved["scale_embeddings"],
+            saved["final_norm"]) == ("post", True, False, "none")
+    block = dict(pre_norm=False, scale=False, embed_norm=True, final_norm=False)
+    expected = reference_mlm_logits(state, IDS, **block)
+    # leaving out the post-norm or the embedding LayerNorm changes the logits, so the comparison below sees both (the
+    # scale does not matter in front of a LayerNorm, which is scale-invariant; test_paper_architectures tests it)
+    for wrong in (dict(block, pre_norm=True), dict(block, embed_norm=False)):
+        assert not torch.allclose(reference_mlm_logits(state, IDS, **wrong), expected, atol=1e-3)
+    for trust in (False, True):
+        model = AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=trust).eval()
+        assert torch.equal(model.model.embedding_norm.weight, state[BLM + "layernorm_embedding.weight"])
+        assert torch.equal(model.model.embedding_norm.bias, state[BLM + "layernorm_embedding.bias"])
+        assert not any(name.startswith("model.final_norm.") for name in model.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(model(IDS).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_post_norm_lm_without_final_norm_converts(tmp_path):
+    """The decoder follows the same rules: post-norm, an embedding LayerNorm and unscaled embeddings, and no final
+    LayerNorm (fairseq builds none for a post-norm decoder)."""
+    state = lm_state()
+    del state[LM + "layer_norm.weight"], state[LM + "layer_norm.bias"]
+    d = state[LM + "embed_tokens.weight"].shape[1]
+    state[LM + "layernorm_embedding.weight"] = 1 + 0.1 * torch.randn(d)
+    state[LM + "layernorm_embedding.bias"] = 0.1 * torch.randn(d)
+    args = lm_args(decoder_normalize_before=False, layernorm_embedding=True, no_scale_embedding=True)
+    result = convert_fairseq_checkpoint(save_checkpoint(tmp_path / "ckpt.pt", state, args=args), tmp_path / "hf")
+    assert (result.config.norm_placement, result.config.final_norm, result.config.scale_embeddings) == (
+        "post", "none", False)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    expected = reference_lm_logits(state, IDS, pre_norm=False, scale=False, embed_norm=True, final_norm=False)
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS, use_cache=False).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_no_decoder_final_norm_drops_the_final_layer_norm(tmp_path):
+    state = lm_state()
+    del state[LM + "layer_norm.weight"], state[LM + "layer_norm.bias"]
+    ckpt = save_checkpoint(tmp_path / "ckpt.pt", state, args=lm_args(no_decoder_final_norm=True))
+    result = convert_fairseq_checkpoint(ckpt, tmp_path / "hf")
+    assert (result.config.norm_placement, result.config.final_norm) == ("pre", "none")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS, use_cache=False).logits,
+                                   reference_lm_logits(state, IDS, final_norm=False), atol=1e-5, rtol=1e-5)
+
+
+def test_the_block_options_must_match_the_tensors(tmp_path):
+    # arguments with an embedding LayerNorm whose tensors are absent; a post-norm encoder with a final LayerNorm
+    ckpt = save_checkpoint(tmp_path / "a.pt", blm_state(final_norm=False), args=argparse.Namespace(**blm_args()))
+    with pytest.raises(ValueError, match=r"missing key\(s\).*encoder\.sentence_encoder\.layernorm_embedding\.weight"):
+        convert_fairseq_checkpoint(ckpt, tmp_path / "a")
+    ckpt = save_checkpoint(tmp_path / "b.pt", blm_state(final_norm=True, layernorm_embedding=True),
                            args=argparse.Namespace(**blm_args()))
-    with pytest.raises(ValueError) as err:
-        convert_fairseq_checkpoint(ckpt, tmp_path / "hf")
-    message = str(err.value)
-    for part in ("roberta_tnn_v2_decay_99", "post-norm", "LayerNorm after the embeddings", "sqrt(hidden_size)",
-                 "no final LayerNorm"):
-        assert part in message
-    assert not (tmp_path / "hf").exists()
+    with pytest.raises(ValueError, match=r"unknown key\(s\).*encoder\.sentence_encoder\.layer_norm\.weight"):
+        convert_fairseq_checkpoint(ckpt, tmp_path / "b")
+    args = blm_args()
+    del args["encoder_normalize_before"]
+    ckpt = save_checkpoint(tmp_path / "c.pt", blm_state(final_norm=False, layernorm_embedding=True),
+                           args=argparse.Namespace(**args))
+    with pytest.raises(ValueError, match="encoder_normalize_before is missing.*pre- or post-norm"):
+        convert_fairseq_checkpoint(ckpt, tmp_path / "c")
+
+
+def test_an_old_post_norm_checkpoint_has_no_final_norm_to_lose(tmp_path):
+    # fairseq drops the final LayerNorm of a version-1 encoder: refused where the arguments describe one, accepted
+    # for a post-norm encoder, which has none
+    pre = blm_state()
+    pre[BLM + "version"] = torch.tensor([1.0])
+    ckpt = save_checkpoint(tmp_path / "pre.pt", pre, args=argparse.Namespace(**blm_args(**PRE_NORM_BLM)))
+    with pytest.raises(ValueError, match="version is 1.*final_norm='layernorm'"):
+        convert_fairseq_checkpoint(ckpt, tmp_path / "pre")
+    post = blm_state(final_norm=False, layernorm_embedding=True)
+    post[BLM + "version"] = torch.tensor([1.0])
+    ckpt = save_checkpoint(tmp_path / "post.pt", post, args=argparse.Namespace(**blm_args()))
+    assert convert_fairseq_checkpoint(ckpt, tmp_path / "post").config.final_norm == "none"
 
 
 def test_unknown_and_missing_keys_are_refused_by_name(tmp_path):
