@@ -23,7 +23,7 @@ def _preset_dir() -> Path:
 
 
 def list_presets() -> list[str]:
-    """Names of the shipped presets, e.g. ``["roberta_blm", "small", "tiny", "wikitext103_lm"]``."""
+    """Names of the shipped presets, e.g. ``["lra_listops", "roberta_blm", "small", "tiny", "wikitext103_lm"]``."""
     return sorted(p.stem for p in _preset_dir().glob("*.json"))
 
 
