@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -37,8 +36,11 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lm_training as lt  # noqa: E402
+from modeling_tnn.recipes.checkpoints import METRICS_FILE
+from modeling_tnn.recipes.data_location import find_data_dir
+from modeling_tnn.recipes.lm_arguments import parse_args
+from modeling_tnn.recipes.lm_evaluation import evaluate_lengths
+from modeling_tnn.recipes.lm_training import run
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("tinyshakespeare", "wikitext2")
@@ -49,9 +51,9 @@ TARGET_EXTRAPOLATION = 1.05  # TNN perplexity at 8x within 5% of its perplexity 
 
 def data_dir() -> Path:
     """``$TNN_DATA_DIR`` or ``../shared/data`` beside the project."""
-    for candidate in (os.environ.get("TNN_DATA_DIR"), PROJECT_ROOT.parent / "shared" / "data"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
+    found = find_data_dir()
+    if found:
+        return found
     raise SystemExit("bench_quality.py: error: no data folder: set TNN_DATA_DIR or lay shared/data beside the project.")
 
 
@@ -103,7 +105,7 @@ def gpt2_matching(target: int, vocab: int, n_positions: int, n_layer: int, n_hea
 def read_curve(output_dir: Path) -> dict[str, float]:
     """``{"step": train_loss}`` from a run's metrics.jsonl (string keys, as JSON stores them)."""
     curve = {}
-    for line in (output_dir / lt.METRICS_FILE).read_text().splitlines():
+    for line in (output_dir / METRICS_FILE).read_text().splitlines():
         entry = json.loads(line)
         if "train_loss" in entry:
             curve[str(entry["step"])] = entry["train_loss"]
@@ -148,7 +150,7 @@ def bench_dataset(name: str, args: argparse.Namespace, folder: Path) -> dict[str
     from datasets import Dataset, DatasetDict
 
     from modeling_tnn import TnnForCausalLM, load_preset
-    from modeling_tnn.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
 
     train_text, valid_text, description = load_texts(name, folder)
     raw = DatasetDict({"train": Dataset.from_dict({"text": rows(train_text)}),
@@ -187,18 +189,18 @@ def bench_dataset(name: str, args: argparse.Namespace, folder: Path) -> dict[str
         print(f"\n=== {name}: {model_name} ===", flush=True)
         output_dir = work / model_name
         argv = common + configs[model_name] + ["--output_dir", str(output_dir)]
-        outcome = lt.run(lt.parse_args("clm", argv), "clm", raw_datasets=raw)
+        outcome = run(parse_args("clm", argv), "clm", raw_datasets=raw)
         model = outcome.model.eval()
         entry = {key: outcome.results[key] for key in ("eval_loss", "perplexity", "train_loss", "train_runtime",
                                                        "train_tokens", "train_tokens_per_second", "num_parameters")}
         entry["argv"] = argv
         entry["train_curve"] = read_curve(output_dir)
         eval_start = time.time()
-        sliding = lt.evaluate_lengths(model, stream, lengths, window=args.block_size, batch_size=8,
+        sliding = evaluate_lengths(model, stream, lengths, window=args.block_size, batch_size=8,
                                       max_tokens=args.max_eval_tokens)
         entry["sliding"] = {str(k): v for k, v in sliding.items()}
         if model_name != "gpt2":  # GPT-2's position table stops at the training length
-            full = lt.evaluate_lengths(model, stream, lengths, batch_size=8, max_tokens=args.max_eval_tokens)
+            full = evaluate_lengths(model, stream, lengths, batch_size=8, max_tokens=args.max_eval_tokens)
             entry["full"] = {str(k): v for k, v in full.items()}
         entry["eval_lengths_seconds"] = time.time() - eval_start
         section["models"][model_name] = entry

@@ -32,10 +32,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from modeling_tnn.recipes.data_location import find_data_dir
+from modeling_tnn.recipes.glue_suite import default_glue_dir
+from modeling_tnn.recipes.glue_suite import main as glue_suite_main
+
 HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-import run_glue_suite  # noqa: E402
 
 # BERT sized like the `small` TNN preset (width 128, 4 layers): intermediate 768 gives 1,056,256 parameters in the
 # 4 layers (TNN small: 1,052,800 with its RPEs); with a 4,096-token vocabulary the MLMs have 1,618,176 (BERT, which
@@ -43,14 +45,6 @@ import run_glue_suite  # noqa: E402
 BERT_CONFIG = {"model_type": "bert", "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 2,
                "intermediate_size": 768, "max_position_embeddings": 128, "type_vocab_size": 1,
                "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
-
-
-def data_dir() -> Path | None:
-    """``$TNN_DATA_DIR``, else ``../shared/data`` beside the project, when it exists."""
-    for candidate in (os.environ.get("TNN_DATA_DIR"), PROJECT_ROOT.parent / "shared" / "data"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return None
 
 
 def relative(path: Path) -> str:
@@ -64,7 +58,7 @@ def relative(path: Path) -> str:
 def write_pretraining_text(source: str, work_dir: Path) -> tuple[Path, str]:
     """The pretraining text file and a sentence saying what it is."""
     target = work_dir / "pretraining_text.txt"
-    folder = data_dir()
+    folder = find_data_dir()
     if source == "wikitext2":
         if folder is None or not (folder / "wikitext-2" / "valid.txt").is_file():
             raise FileNotFoundError("WikiText-2 not found: set TNN_DATA_DIR (with wikitext-2/valid.txt and test.txt) "
@@ -72,7 +66,7 @@ def write_pretraining_text(source: str, work_dir: Path) -> tuple[Path, str]:
         parts = [(folder / "wikitext-2" / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt")]
         what = "WikiText-2 (tokenised version) valid + test text, 5% of its lines held out for MLM validation"
     else:
-        from modeling_tnn.corpus import embedded_corpus
+        from modeling_tnn.recipes.corpus import embedded_corpus
 
         parts = ["\n\n".join(embedded_corpus())]
         what = "the embedded corpus (CPython's pydoc_data.topics), 5% of its lines held out for MLM validation"
@@ -83,7 +77,7 @@ def write_pretraining_text(source: str, work_dir: Path) -> tuple[Path, str]:
 
 def train_tokenizer(text_file: Path, vocab_size: int, folder: Path) -> None:
     """A byte-level BPE with ``<s> A </s></s> B </s>`` pairs, trained on the pretraining text."""
-    from modeling_tnn.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
 
     lines = [line for line in text_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     train_byte_level_bpe(lines, vocab_size=vocab_size, add_bos_eos=True).save_pretrained(folder)
@@ -104,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--text", choices=["wikitext2", "embedded"], default=None,
                         help="pretraining text (default: wikitext2 when the shared data is present, else embedded)")
-    parser.add_argument("--glue_dir", default=run_glue_suite.default_glue_dir())
+    parser.add_argument("--glue_dir", default=default_glue_dir())
     parser.add_argument("--work_dir", default="outputs/glue_recipe", help="tokenizer, checkpoints, logs")
     parser.add_argument("--results_dir", default="results/glue", help="the small result files (JSON + markdown)")
     parser.add_argument("--tasks", default=None, help="comma-separated GLUE tasks (default: all available locally)")
@@ -127,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     work_dir, results_dir = Path(args.work_dir), Path(args.results_dir)
-    text = args.text or ("wikitext2" if data_dir() and (data_dir() / "wikitext-2").is_dir() else "embedded")
+    text = args.text or ("wikitext2" if find_data_dir() and (find_data_dir() / "wikitext-2").is_dir() else "embedded")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     start = time.time()
 
@@ -187,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                    "--per_device_eval_batch_size", "128", "--warmup_steps", "0.1", "--weight_decay", "0.01",
                    "--seed", str(args.seed), "--save_strategy", "no", "--eval_strategy", "no", "--report_to", "none",
                    "--disable_tqdm", "true"]
-    run_glue_suite.main(suite_args)
+    glue_suite_main(suite_args)
 
     summary = {"pretraining_text": text_what, "tokenizer": f"byte-level BPE, {args.vocab_size} tokens, trained on "
                "the pretraining text", "bert_config": BERT_CONFIG, "pretraining": pretraining,

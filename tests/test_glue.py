@@ -1,26 +1,28 @@
-"""GLUE finetuning (run_scripts/glue_data.py, finetune_glue.py, run_glue_suite.py): tsv loading for every task,
-the official metrics against hand-computed values, clear errors, and short end-to-end Trainer runs."""
+"""GLUE finetuning (run_scripts/finetune_glue.py and run_glue_suite.py over modeling_tnn.recipes): tsv loading for
+every task, the official metrics against hand-computed values, clear errors, and short end-to-end Trainer runs."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_config
 from transformers import EvalPrediction
 
 from modeling_tnn import TnnForMaskedLM
-
-from conftest import PROJECT_ROOT, tiny_config
-
-sys.path.insert(0, str(PROJECT_ROOT / "run_scripts"))
-import finetune_glue  # noqa: E402
-import glue_data  # noqa: E402
-import run_glue_suite  # noqa: E402
+from modeling_tnn.recipes import (
+    data_files,
+    flag_checks,
+    glue_finetuning,
+    glue_metrics,
+    glue_suite,
+    glue_tasks,
+    hub_upload,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Small tsv files in the official GLUE layout, written by hand (independently of glue_data's task table).
@@ -86,8 +88,8 @@ def write_task(root: Path, task: str, repeat: int = 1) -> Path:
 @pytest.mark.parametrize("task", list(FOLDERS))
 def test_load_written_tsv_every_task(tmp_path, task):
     write_task(tmp_path, task)
-    spec = glue_data.get_task(task)
-    data = glue_data.load_glue_local(task, tmp_path)
+    spec = glue_tasks.get_task(task)
+    data = glue_tasks.load_glue_local(task, tmp_path)
     assert sorted(data) == sorted(spec.split_files())
     for split in data.values():
         assert split.column_names == [*spec.text_columns, "label", "idx"]
@@ -105,13 +107,13 @@ def test_load_written_tsv_every_task(tmp_path, task):
 
 def test_task_table_matches_hub_dataset_names():
     # Text columns and class names of the Hub dataset nyu-mll/glue, so both data sources give the same columns.
-    assert glue_data.TASK_NAMES == ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
-    assert glue_data.get_task("mnli").text_columns == ("premise", "hypothesis")
-    assert glue_data.get_task("mnli").eval_splits == ("validation_matched", "validation_mismatched")
-    assert glue_data.get_task("qnli").text_columns == ("question", "sentence")
-    assert glue_data.get_task("wnli").label_names == ("not_entailment", "entailment")
-    assert glue_data.get_task("stsb").is_regression and glue_data.get_task("stsb").num_labels == 1
-    assert glue_data.get_task("SST-2").name == "sst2" and glue_data.get_task("STS_B").name == "stsb"
+    assert glue_tasks.TASK_NAMES == ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+    assert glue_tasks.get_task("mnli").text_columns == ("premise", "hypothesis")
+    assert glue_tasks.get_task("mnli").eval_splits == ("validation_matched", "validation_mismatched")
+    assert glue_tasks.get_task("qnli").text_columns == ("question", "sentence")
+    assert glue_tasks.get_task("wnli").label_names == ("not_entailment", "entailment")
+    assert glue_tasks.get_task("stsb").is_regression and glue_tasks.get_task("stsb").num_labels == 1
+    assert glue_tasks.get_task("SST-2").name == "sst2" and glue_tasks.get_task("STS_B").name == "stsb"
 
 
 # Row counts of the shared copy (see shared/data/SOURCES.md: MRPC train lacks one pair; QNLI has dev only).
@@ -124,16 +126,16 @@ SHARED_COUNTS = {"cola": {"train": 8551, "validation": 1043}, "sst2": {"train": 
 def test_load_shared_glue(shared_data):
     glue_dir = shared_data / "glue"
     for task, counts in SHARED_COUNTS.items():
-        assert glue_data.available_splits(task, glue_dir) == list(counts)
-        data = glue_data.load_glue_local(task, glue_dir, list(counts))
+        assert glue_tasks.available_splits(task, glue_dir) == list(counts)
+        data = glue_tasks.load_glue_local(task, glue_dir, list(counts))
         assert {split: len(ds) for split, ds in data.items()} == counts
     for task in ("mnli", "qqp"):
-        assert glue_data.available_splits(task, glue_dir) == []
-    mrpc = glue_data.load_glue_local("mrpc", glue_dir, ["train"])["train"]
+        assert glue_tasks.available_splits(task, glue_dir) == []
+    mrpc = glue_tasks.load_glue_local("mrpc", glue_dir, ["train"])["train"]
     assert mrpc[0]["sentence1"].startswith("Amrozi accused his brother") and mrpc[0]["label"] == 1
-    cola = glue_data.load_glue_local("cola", glue_dir, ["validation"])["validation"]
+    cola = glue_tasks.load_glue_local("cola", glue_dir, ["validation"])["validation"]
     assert cola[0] == {"sentence": "The sailors rode the breeze clear of the rocks.", "label": 1, "idx": 0}
-    stsb = glue_data.load_glue_local("stsb", glue_dir, ["validation"])["validation"]
+    stsb = glue_tasks.load_glue_local("stsb", glue_dir, ["validation"])["validation"]
     assert stsb[1]["label"] == pytest.approx(4.75) and stsb[1]["sentence2"] == "A child is riding a horse."
 
 
@@ -163,7 +165,7 @@ HAND_METRICS = {
 @pytest.mark.parametrize("task", list(HAND_METRICS))
 def test_metric_every_task_hand_computed(task):
     predictions, references, expected = HAND_METRICS[task]
-    result = glue_data.glue_metrics(task, predictions, references)
+    result = glue_metrics.glue_metrics(task, predictions, references)
     assert set(result) == set(expected)
     for key, value in expected.items():
         assert result[key] == pytest.approx(value, abs=1e-12), key
@@ -172,20 +174,20 @@ def test_metric_every_task_hand_computed(task):
 def test_compute_metrics_from_logits():
     logits = np.array([[2.0, -1.0], [0.1, 0.3], [5.0, 4.0], [-1.0, 1.0]])  # argmax 0, 1, 0, 1
     labels = np.array([0, 1, 1, 1])
-    result = glue_data.make_compute_metrics("sst2")(EvalPrediction(predictions=logits, label_ids=labels))
+    result = glue_metrics.make_compute_metrics("sst2")(EvalPrediction(predictions=logits, label_ids=labels))
     assert result == {"accuracy": 0.75}
     scores = np.array([[1.0], [2.0], [3.0], [4.0]])  # regression logits have a trailing axis of 1
     targets = np.array([1.0, 4.0, 9.0, 16.0])
-    result = glue_data.make_compute_metrics("stsb")(EvalPrediction(predictions=scores, label_ids=targets))
+    result = glue_metrics.make_compute_metrics("stsb")(EvalPrediction(predictions=scores, label_ids=targets))
     assert result["pearson"] == pytest.approx(PEARSON)
 
 
 def test_majority_baseline():
     # Train majority is class 1; on references [1, 0, 0, 1, 1] constant 1 gives accuracy 3/5 and F1 2*3/(2*3+2) = 3/4.
-    result = glue_data.majority_baseline("mrpc", [1, 1, 0], BINARY_REF)
+    result = glue_metrics.majority_baseline("mrpc", [1, 1, 0], BINARY_REF)
     assert result["accuracy"] == pytest.approx(0.6) and result["f1"] == pytest.approx(0.75)
-    assert glue_data.majority_baseline("cola", [0, 0, 1], BINARY_REF) == {"matthews_correlation": 0.0}
-    assert math.isnan(glue_data.majority_baseline("stsb", [1.0, 2.0], [1.0, 3.0])["pearson"])
+    assert glue_metrics.majority_baseline("cola", [0, 0, 1], BINARY_REF) == {"matthews_correlation": 0.0}
+    assert math.isnan(glue_metrics.majority_baseline("stsb", [1.0, 2.0], [1.0, 3.0])["pearson"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -193,36 +195,36 @@ def test_majority_baseline():
 # ----------------------------------------------------------------------------------------------------------------
 def test_unknown_task_is_named():
     with pytest.raises(ValueError, match=r"Unknown GLUE task 'sst3'.*cola, sst2, mrpc, qqp, stsb, mnli, qnli"):
-        glue_data.get_task("sst3")
+        glue_tasks.get_task("sst3")
     with pytest.raises(ValueError, match="'mnli-x'"):
-        finetune_glue.parse_args(["--task_name", "mnli-x", "--output_dir", "unused"])
+        glue_finetuning.parse_args(["--task_name", "mnli-x", "--output_dir", "unused"])
 
 
 def test_missing_file_names_its_path(tmp_path):
     write_task(tmp_path, "rte")
     (tmp_path / "RTE" / "dev.tsv").unlink()
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "RTE" / "dev.tsv")):
-        glue_data.load_glue_local("rte", tmp_path)
+        glue_tasks.load_glue_local("rte", tmp_path)
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "SST-2" / "train.tsv")):
-        glue_data.load_glue_local("sst2", tmp_path)
-    assert glue_data.available_splits("rte", tmp_path) == ["train"]
+        glue_tasks.load_glue_local("sst2", tmp_path)
+    assert glue_tasks.available_splits("rte", tmp_path) == ["train"]
 
 
 def test_header_that_does_not_match_the_task(tmp_path):
     write_task(tmp_path, "rte")
     # An RTE file read as MRPC: the header names the wrong columns.
     with pytest.raises(ValueError, match=r"header of .*RTE/train.tsv does not match GLUE task 'mrpc'.*Quality"):
-        glue_data.read_glue_tsv("mrpc", tmp_path / "RTE" / "train.tsv")
+        glue_tasks.read_glue_tsv("mrpc", tmp_path / "RTE" / "train.tsv")
     # A test-split file (no label column).
     test_file = tmp_path / "RTE" / "test.tsv"
     test_file.write_text("index\tsentence1\tsentence2\n0\ta\tb\n")
     with pytest.raises(ValueError, match=r"lacks \['label'\]"):
-        glue_data.read_glue_tsv("rte", test_file)
+        glue_tasks.read_glue_tsv("rte", test_file)
     # CoLA has no header: a file with one (CoLA's test.tsv layout) is refused with its first line shown.
     cola = tmp_path / "cola.tsv"
     cola.write_text("index\tsentence\n0\tBill whistled past the house.\n")
     with pytest.raises(ValueError, match=r"no header and 4 tab-separated fields.*'index\\tsentence'"):
-        glue_data.read_glue_tsv("cola", cola)
+        glue_tasks.read_glue_tsv("cola", cola)
 
 
 def test_malformed_rows(tmp_path, caplog):
@@ -231,11 +233,11 @@ def test_malformed_rows(tmp_path, caplog):
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:10] + ["a row without a label"] + lines[10:]) + "\n")
     with caplog.at_level("WARNING"):
-        assert len(glue_data.read_glue_tsv("sst2", path)["label"]) == 200  # 1 bad row of 201: skipped
+        assert len(glue_tasks.read_glue_tsv("sst2", path)["label"]) == 200  # 1 bad row of 201: skipped
     assert "Skipped 1 malformed row" in caplog.text and "line 11" in caplog.text
     path.write_text("\n".join(lines[:1] + [line.replace("\t0", "\tnegative") for line in lines[1:]]) + "\n")
     with pytest.raises(ValueError, match=r"100 of 200 rows .* malformed .*first at line 2"):
-        glue_data.read_glue_tsv("sst2", path)
+        glue_tasks.read_glue_tsv("sst2", path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -246,13 +248,13 @@ def test_suite_selects_available_tasks_and_formats_table(tmp_path):
         write_task(tmp_path, task)
     write_task(tmp_path, "qnli")
     (tmp_path / "QNLI" / "train.tsv").unlink()
-    tasks, skipped = run_glue_suite.select_tasks(None, str(tmp_path))
+    tasks, skipped = glue_suite.select_tasks(None, str(tmp_path))
     assert tasks == ["stsb", "mnli", "rte"]
     assert "no train" in skipped["qnli"] and set(skipped) == {"cola", "sst2", "mrpc", "qqp", "qnli", "wnli"}
     rows = {"m": {"rte": {"eval_accuracy": 0.5}, "stsb": {"eval_pearson": 0.8, "eval_spearmanr": 0.6,
                                                          "eval_combined_score": 0.7},
                   "mnli": {"eval_accuracy": 0.4, "eval_accuracy_mm": 0.3}}}
-    table = run_glue_suite.markdown_table(tasks, rows).splitlines()
+    table = glue_suite.markdown_table(tasks, rows).splitlines()
     assert table[0] == "| model | STS-B (Pearson / Spearman) | MNLI (acc) | RTE (acc) | mean |"
     assert table[2] == "| m | 80.0 / 60.0 | 40.0 / 30.0 | 50.0 | 53.3 |"  # mean of 70, 40, 50
 
@@ -287,7 +289,7 @@ def tiny_mlm_checkpoint(tmp_path, tokenizer):
 def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpoint, task, one_thread):
     glue_dir = write_task(tmp_path / "glue", task, repeat=4)
     out = tmp_path / "out"
-    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", task,
+    results = glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", task,
                                   "--glue_dir", str(glue_dir), "--output_dir", str(out), "--max_steps", "3",
                                   "--per_device_train_batch_size", "4", *COMMON])
     saved = json.loads((out / "eval_results.json").read_text())
@@ -304,35 +306,35 @@ def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpo
 
 
 def test_finetune_sst2_beats_majority_baseline(tmp_path, shared_data, one_thread):
-    from modeling_tnn.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
 
     glue_dir = shared_data / "glue"
-    train = glue_data.read_glue_tsv("sst2", glue_dir / "SST-2" / "train.tsv")
+    train = glue_tasks.read_glue_tsv("sst2", glue_dir / "SST-2" / "train.tsv")
     tokenizer = train_byte_level_bpe(train["sentence"][:3000], vocab_size=600, add_bos_eos=True)
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    results = finetune_glue.main([
+    results = glue_finetuning.main([
         "--config_name", "tiny", "--tokenizer_name", str(tmp_path / "tokenizer"), "--task_name", "sst2",
         "--glue_dir", str(glue_dir), "--output_dir", str(tmp_path / "out"), "--max_train_samples", "3000",
         "--max_seq_length", "48", "--per_device_train_batch_size", "32", "--learning_rate", "5e-3",
         "--warmup_steps", "10", "--num_train_epochs", "1", *COMMON])
-    dev = glue_data.load_glue_local("sst2", glue_dir, ["train", "validation"])
-    baseline = glue_data.majority_baseline("sst2", list(dev["train"]["label"])[:3000], list(dev["validation"]["label"]))
+    dev = glue_tasks.load_glue_local("sst2", glue_dir, ["train", "validation"])
+    baseline = glue_metrics.majority_baseline("sst2", list(dev["train"]["label"])[:3000],
+                                              list(dev["validation"]["label"]))
     assert results["eval_samples"] == 872
     assert results["eval_accuracy"] > baseline["accuracy"] + 0.04, (results, baseline)
 
 
 def test_push_to_hub_goes_through_the_publishing_code(tmp_path, monkeypatch):
     """--push_to_hub publishes the allow-listed folder with a card (never training_args.bin or checkpoints)."""
-    import hub_publishing
     from transformers import TrainingArguments
 
     calls = []
-    monkeypatch.setattr(hub_publishing, "publish_run",
+    monkeypatch.setattr(hub_upload, "publish_run",
                         lambda run_dir, repo_id, out_dir, **kwargs: calls.append((run_dir, repo_id, kwargs)) or
                         ([], None))
     args = TrainingArguments(output_dir=str(tmp_path / "sst2-run"), hub_model_id="org/tnn-sst2",
                              hub_private_repo=True, report_to="none")
-    finetune_glue.push_to_hub(args, "sst2")
+    glue_finetuning.push_to_hub(args, "sst2")
     (run_dir, repo_id, kwargs), = calls
     assert (run_dir, repo_id, kwargs["private"]) == (str(tmp_path / "sst2-run"), "org/tnn-sst2", True)
     dataset = kwargs["options"].dataset
@@ -394,8 +396,8 @@ def read_submission(path: Path) -> list[list[str]]:
 @pytest.mark.parametrize("task", list(FOLDERS))
 def test_read_test_tsv_every_task(tmp_path, task):
     write_test_files(tmp_path, task, rows=5)
-    spec = glue_data.get_task(task)
-    data = glue_data.load_glue_local(task, tmp_path, spec.test_splits)
+    spec = glue_tasks.get_task(task)
+    data = glue_tasks.load_glue_local(task, tmp_path, spec.test_splits)
     assert list(data) == list(spec.test_splits)
     for split in data.values():
         assert split.column_names == [*spec.text_columns, "idx"]  # no label column
@@ -412,21 +414,21 @@ def test_test_tsv_errors_name_the_file(tmp_path):
     path = tmp_path / "RTE" / "test.tsv"
     path.write_text(path.read_text().replace("1\tThe cat sat on the mat.\t", "1\tThe cat sat on the mat."))
     with pytest.raises(ValueError, match=r"RTE/test.tsv line 3 has 2 tab-separated fields where 3 are needed"):
-        glue_data.read_glue_test_tsv("rte", path)
+        glue_tasks.read_glue_test_tsv("rte", path)
     path.write_text("index\tsentence\n0\ta\n")
     with pytest.raises(ValueError, match=r"RTE/test.tsv does not match GLUE task 'rte'.*lacks \['sentence1', "
                                          r"'sentence2'\]"):
-        glue_data.read_glue_test_tsv("rte", path)
+        glue_tasks.read_glue_test_tsv("rte", path)
 
 
 def test_write_predictions_format(tmp_path):
-    path = glue_data.write_predictions(tmp_path / "STS-B.tsv", [0, 1, 2], np.array([4.12345, 0.0, -1.5]), None)
+    path = glue_tasks.write_predictions(tmp_path / "STS-B.tsv", [0, 1, 2], np.array([4.12345, 0.0, -1.5]), None)
     assert path.read_text() == "index\tprediction\n0\t4.123\n1\t0.000\n2\t-1.500\n"
-    task = glue_data.get_task("rte")
-    path = glue_data.write_predictions(tmp_path / "RTE.tsv", [5, 6], [1, 0], task.file_labels)
+    task = glue_tasks.get_task("rte")
+    path = glue_tasks.write_predictions(tmp_path / "RTE.tsv", [5, 6], [1, 0], task.file_labels)
     assert path.read_text() == "index\tprediction\n5\tnot_entailment\n6\tentailment\n"
-    assert glue_data.get_task("cola").submission_label(1) == "1"
-    assert glue_data.get_task("mnli").submission_label(2) == "contradiction"
+    assert glue_tasks.get_task("cola").submission_label(1) == "1"
+    assert glue_tasks.get_task("mnli").submission_label(2) == "contradiction"
 
 
 PREDICT = ["--do_predict", "--report_to", "none", "--log_level", "warning", "--disable_tqdm", "true",
@@ -439,7 +441,7 @@ def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkp
     (all 146 of WNLI; --max_predict_samples 7 for the others), indices in file order, labels as GLUE writes them."""
     out = tmp_path / "out"
     limit = [] if task == "wnli" else ["--max_predict_samples", "7"]
-    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", task,
+    results = glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", task,
                                   "--glue_dir", str(shared_data / "glue"), "--output_dir", str(out), *limit, *PREDICT])
     assert results == {}
     name, labels = SUBMISSION[task]
@@ -455,7 +457,7 @@ def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkp
 def test_do_predict_mnli_writes_matched_mismatched_and_ax(tmp_path, tiny_mlm_checkpoint, one_thread):
     glue_dir = write_test_files(write_task(tmp_path / "glue", "mnli"), "mnli", rows=6)
     out = tmp_path / "out"
-    finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli", "--glue_dir",
+    glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli", "--glue_dir",
                         str(glue_dir), "--output_dir", str(out), "--max_predict_samples", "4", *PREDICT])
     assert sorted(p.name for p in out.glob("*.tsv")) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
     for name in ("AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"):
@@ -463,7 +465,7 @@ def test_do_predict_mnli_writes_matched_mismatched_and_ax(tmp_path, tiny_mlm_che
         assert [index for index, _ in rows] == ["0", "1", "2", "3"] and {v for _, v in rows} <= NLI3
     # Without the diagnostic file the two MNLI files are still written.
     (glue_dir / "diagnostic" / "diagnostic.tsv").unlink()
-    finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli", "--glue_dir",
+    glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli", "--glue_dir",
                         str(glue_dir), "--output_dir", str(tmp_path / "out2"), *PREDICT])
     assert sorted(p.name for p in (tmp_path / "out2").glob("*.tsv")) == ["MNLI-m.tsv", "MNLI-mm.tsv"]
 
@@ -501,7 +503,7 @@ def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoin
     valid = write_rows(tmp_path / f"valid.{ext}", classification_rows(2))
     test = write_rows(tmp_path / f"test.{ext}", [{"id": i, "sentence": text} for i, (text, _) in enumerate(SENTIMENT)])
     out = tmp_path / "out"
-    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train),
+    results = glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train),
                                   "--validation_file", str(valid), "--test_file", str(test), "--output_dir", str(out),
                                   "--max_steps", "2", "--per_device_train_batch_size", "4", *COMMON, "--do_predict"])
     assert results["eval_samples"] == 8 and 0.0 <= results["eval_accuracy"] <= 1.0
@@ -515,7 +517,7 @@ def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoin
     # The finetuned folder evaluates a validation file alone with its own classes: this file holds only "pos",
     # which on its own would be a single class.
     only_pos = write_rows(tmp_path / f"pos.{ext}", [{"sentence": t, "label": "pos"} for t, _ in SENTIMENT])
-    again = finetune_glue.main(["--model_name_or_path", str(out), "--validation_file", str(only_pos),
+    again = glue_finetuning.main(["--model_name_or_path", str(out), "--validation_file", str(only_pos),
                                 "--output_dir", str(tmp_path / "eval"), "--do_eval", "--report_to", "none",
                                 "--log_level", "warning", "--disable_tqdm", "true"])
     assert again["eval_samples"] == 4
@@ -530,12 +532,12 @@ def test_files_regression_and_sentence_pairs(tmp_path, tiny_mlm_checkpoint, one_
             for i, (a, b) in enumerate(PAIRS * 2)]
     train = write_rows(tmp_path / "train.json", rows)
     out = tmp_path / "out"
-    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train),
+    results = glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train),
                                   "--validation_file", str(train), "--output_dir", str(out), "--max_steps", "2",
                                   "--per_device_train_batch_size", "4", *COMMON])
     assert set(results) >= {"eval_mse", "eval_samples"} and "eval_accuracy" not in results
     assert json.loads((out / "config.json").read_text())["problem_type"] == "regression"
-    data = glue_data.load_data_files({"train": train})
+    data = data_files.load_data_files({"train": train})
     assert data.file_columns == ("sentence1", "sentence2") and data.label_names is None
 
 
@@ -546,10 +548,10 @@ def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint, one_thread):
             for (a, b), label in zip(PAIRS, ["entailment", 2, "neutral", 0])]
     valid = write_rows(tmp_path / "valid.csv", rows)
     test = write_rows(tmp_path / "test.csv", [{"premise": a, "hypothesis": b} for a, b in PAIRS])
-    data = glue_data.load_data_files({"validation": valid}, "mnli")
+    data = data_files.load_data_files({"validation": valid}, "mnli")
     assert list(data.datasets["validation"]["label"]) == [0, 2, 1, 0]
     out = tmp_path / "out"
-    results = finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli",
+    results = glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli",
                                   "--validation_file", str(valid), "--test_file", str(test), "--output_dir", str(out),
                                   "--do_eval", *PREDICT])
     assert "eval_accuracy" in results and "eval_accuracy_mm" not in results  # one validation file, one dev set
@@ -560,12 +562,12 @@ def test_max_predict_samples_on_a_test_file(tmp_path, tiny_mlm_checkpoint, one_t
     train = write_rows(tmp_path / "train.csv", classification_rows())
     test = write_rows(tmp_path / "test.csv", [{"sentence": f"row {i}"} for i in range(9)])
     out = tmp_path / "out"
-    finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train), "--test_file",
+    glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--train_file", str(train), "--test_file",
                         str(test), "--output_dir", str(out), "--max_predict_samples", "3", "--do_train",
                         "--max_steps", "1", "--save_strategy", "no", *PREDICT])
     assert [index for index, _ in read_submission(out / "predict_results.tsv")] == ["0", "1", "2"]
     with pytest.raises(ValueError, match="--max_predict_samples must be positive"):
-        finetune_glue.parse_args(["--task_name", "rte", "--max_predict_samples", "0", "--output_dir", "unused"])
+        glue_finetuning.parse_args(["--task_name", "rte", "--max_predict_samples", "0", "--output_dir", "unused"])
 
 
 # Bad data files: (file name, content, flags, expected fragment of the one-line error).
@@ -593,7 +595,7 @@ def test_bad_data_files_give_one_line(tmp_path, tiny_mlm_checkpoint, capsys, nam
         path.write_text(content, encoding="utf-8")
     files = [flag, str(path)] + (["--train_file", str(good), "--do_eval"] if flag != "--train_file" else [])
     with pytest.raises(SystemExit) as exit_info:
-        finetune_glue.cli(["--model_name_or_path", str(tiny_mlm_checkpoint), *files, "--do_train",
+        glue_finetuning.cli(["--model_name_or_path", str(tiny_mlm_checkpoint), *files, "--do_train",
                            "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -612,7 +614,7 @@ def test_missing_local_model_folder(tmp_path, tiny_mlm_checkpoint, capsys, monke
     args = ["--task_name", "rte", "--glue_dir", str(glue_dir), "--do_eval", "--output_dir", str(tmp_path / "out")]
     typo = str(tiny_mlm_checkpoint) + "m"
     with pytest.raises(SystemExit) as exit_info:
-        finetune_glue.cli(["--model_name_or_path", typo, *args])
+        glue_finetuning.cli(["--model_name_or_path", typo, *args])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"finetune_glue.py: error: --model_name_or_path {typo!r}: no such local folder (did you mean "
@@ -626,8 +628,8 @@ def test_missing_local_model_folder(tmp_path, tiny_mlm_checkpoint, capsys, monke
                              "no such local folder"),
                             (["--config_name", "tiny", "--tokenizer_name", "./tok"], "--tokenizer_name './tok': no "
                              "such local folder")]:
-        with pytest.raises(glue_data.UsageError) as error:
-            finetune_glue.main([*flags, *args])
+        with pytest.raises(flag_checks.UsageError) as error:
+            glue_finetuning.main([*flags, *args])
         assert fragment in str(error.value) and "\n" not in str(error.value)
 
     # A bare name could be a Hub id: it is looked up once (no download retries); offline that fails at once.
@@ -637,9 +639,9 @@ def test_missing_local_model_folder(tmp_path, tiny_mlm_checkpoint, capsys, monke
         raise OSError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(huggingface_hub, "model_info", no_network)
-    with pytest.raises(glue_data.UsageError, match=r"'mlmm' is not a local folder \(did you mean 'mlm'\?\), and the "
+    with pytest.raises(flag_checks.UsageError, match=r"'mlmm' is not a local folder \(did you mean 'mlm'\?\), and the "
                                                    r"Hub cannot be reached to look it up as a model id"):
-        finetune_glue.main(["--model_name_or_path", "mlmm", *args])
+        glue_finetuning.main(["--model_name_or_path", "mlmm", *args])
 
 
 def test_suite_refuses_missing_folder_and_bad_file_in_one_line(tmp_path, capsys):
@@ -654,13 +656,13 @@ def test_suite_refuses_missing_folder_and_bad_file_in_one_line(tmp_path, capsys)
              (["--model", f"tnn={model}", "--tasks", "sst3"], "Unknown GLUE task 'sst3'")]
     for argv, fragment in cases:
         with pytest.raises(SystemExit) as exit_info:
-            run_glue_suite.cli([*base, *argv])
+            glue_suite.cli([*base, *argv])
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_info.value.code == 2 and len(err) == 1 and fragment in err[0], err
         assert err[0].startswith("run_glue_suite.py: error: ")
     (glue_dir / "RTE" / "dev.tsv").write_text("index\tsentence1\tsentence2\n0\ta\tb\n")  # a test file in dev's place
     with pytest.raises(SystemExit):
-        run_glue_suite.cli([*base, "--model", f"tnn={model}"])
+        glue_suite.cli([*base, "--model", f"tnn={model}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "RTE/dev.tsv does not match GLUE task 'rte'" in err[0] and "lacks ['label']" in err[0]
 
@@ -669,14 +671,14 @@ def test_suite_refuses_missing_folder_and_bad_file_in_one_line(tmp_path, capsys)
 # Metrics of data files without a GLUE task (run_glue.py: accuracy, or mse for a float label)
 # ----------------------------------------------------------------------------------------------------------------
 def test_file_metrics_hand_computed():
-    classify = glue_data.make_compute_metrics(None)
+    classify = glue_metrics.make_compute_metrics(None)
     logits = np.array([[2.0, -1.0], [0.1, 0.3], [5.0, 4.0]])  # argmax 0, 1, 0
     assert classify(EvalPrediction(predictions=logits, label_ids=np.array([0, 1, 1]))) == {"accuracy": 2 / 3}
-    regress = glue_data.make_compute_metrics(None, regression=True)
+    regress = glue_metrics.make_compute_metrics(None, regression=True)
     result = regress(EvalPrediction(predictions=np.array([[1.0], [2.0], [4.0]]), label_ids=np.array([1.0, 3.0, 2.0])))
     assert result == {"mse": pytest.approx((0 + 1 + 4) / 3)}
     # A GLUE task keeps its own metrics whatever ``regression`` says.
-    assert set(glue_data.make_compute_metrics("stsb")(EvalPrediction(
+    assert set(glue_metrics.make_compute_metrics("stsb")(EvalPrediction(
         predictions=np.array([[1.0], [2.0], [4.0]]), label_ids=np.array([1.0, 3.0, 2.0])))) == {
         "pearson", "spearmanr", "combined_score"}
 
@@ -688,7 +690,7 @@ def test_hub_dataset_unreachable_is_one_line(tmp_path, tiny_mlm_checkpoint, monk
         raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(glue_data.UsageError, match=r"--dataset_name 'nyu-mll/glue' \(config 'rte'\) could not be "
+    with pytest.raises(flag_checks.UsageError, match=r"--dataset_name 'nyu-mll/glue' \(config 'rte'\) could not be "
                                                    r"loaded: Couldn't reach .*give --glue_dir"):
-        finetune_glue.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "rte", "--do_eval",
+        glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "rte", "--do_eval",
                             "--output_dir", str(tmp_path / "out"), "--report_to", "none"])

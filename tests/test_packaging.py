@@ -25,7 +25,7 @@ def test_every_runtime_dependency_is_imported():
     """A dependency that nothing imports (as `evaluate` was: the GLUE metrics are scikit-learn/scipy) only makes the
     install longer."""
     sources = "\n".join(path.read_text() for folder in ("modeling_tnn", "run_scripts")
-                        for path in sorted((PROJECT_ROOT / folder).glob("*.py")))
+                        for path in sorted((PROJECT_ROOT / folder).rglob("*.py")))
     unused = []
     for requirement in _pyproject()["project"]["dependencies"]:
         name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)

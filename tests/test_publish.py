@@ -1,4 +1,4 @@
-"""Publishing to the Hub (run_scripts/publish.py, hub_publishing.py): the dry-run folder's file list against the
+"""Publishing to the Hub (run_scripts/publish.py over modeling_tnn.recipes): the dry-run folder's file list against the
 allow-list, the model card's metadata against the run's results files, loading the folder as remote code offline
 (by path and by repo id from a Hugging Face cache layout) where modeling_tnn is not importable, the upload path with
 the huggingface_hub boundary patched, and the errors that stop before anything is uploaded."""
@@ -22,16 +22,13 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import PROJECT_ROOT, tiny_config
 from huggingface_hub import HfApi, ModelCard
+from remote_code import BLOCK_PACKAGE_PREAMBLE
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification
-
-from remote_code import BLOCK_PACKAGE_PREAMBLE
-from conftest import PROJECT_ROOT, tiny_config
-
-sys.path.insert(0, str(PROJECT_ROOT / "run_scripts"))
-import hub_publishing as hp  # noqa: E402
-import publish  # noqa: E402
+from modeling_tnn.modeling_tnn import AUTO_MAP
+from modeling_tnn.recipes import hub_folder, model_card, publish_command, run_inspection
 
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBePrinted0123456789"
 REPOS = {"clm": "tnn-test/tiny-clm", "mlm": "tnn-test/tiny-mlm-fd", "rte": "tnn-test/tiny-rte-ski"}
@@ -133,7 +130,7 @@ def _run_main(argv: list[str]) -> tuple[int | None, str]:
     code = None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            publish.main(argv)
+            publish_command.main(argv)
         except SystemExit as stop:
             code = stop.code
     return code, out.getvalue() + err.getvalue()
@@ -171,30 +168,30 @@ def _expected_files(run: Path, name: str) -> set[str]:
 def test_allow_list():
     for allowed in ("README.md", "config.json", "model.safetensors", "model-00001-of-00002.safetensors",
                     "tokenizer.json", "modeling_tnn.py", "plots/loss.png", "generation_config.json"):
-        assert hp.is_allowed(allowed), allowed
+        assert hub_folder.is_allowed(allowed), allowed
     for refused in [*EXCLUDED, "step_10/model.safetensors", "checkpoint-10/optimizer.pt", "runs/events.out",
                     ".cache/token", "plots/sub/a.png", "plots/notes.txt", "pytorch_model.bin", "sub/modeling_tnn.py"]:
-        assert not hp.is_allowed(refused), refused
+        assert not hub_folder.is_allowed(refused), refused
 
 
 @pytest.mark.parametrize("name", list(REPOS))
 def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
     paths, _ = runs
     folder, output = published[name]
-    files = hp.list_folder(folder)
+    files = hub_folder.list_folder(folder)
     assert set(files) == _expected_files(paths[name], name)
-    assert all(hp.is_allowed(f) for f in files)
+    assert all(hub_folder.is_allowed(f) for f in files)
     assert not set(files) & set(EXCLUDED)
     assert str(folder) in output and all(f in output for f in files) and "nothing uploaded" in output
     assert not any(FAKE_TOKEN in (folder / f).read_text(errors="ignore") for f in files if not f.endswith(".png"))
     config = json.loads((folder / "config.json").read_text())
-    assert config["auto_map"] == hp.AUTO_MAP and len(config["auto_map"]) == 7
+    assert config["auto_map"] == AUTO_MAP and len(config["auto_map"]) == 7
     # weights and tokenizer are byte copies of the run's
     for same in ("model.safetensors", "tokenizer.json"):
         assert (folder / same).read_bytes() == (paths[name] / same).read_bytes()
     # --card_dir got the card and its plots, never weights or code
     card_dir = folder.parent / "cards" / name
-    assert set(hp.list_folder(card_dir)) == {f for f in files if f == "README.md" or f.startswith("plots/")}
+    assert set(hub_folder.list_folder(card_dir)) == {f for f in files if f == "README.md" or f.startswith("plots/")}
 
 
 def _metrics_by_key(card: ModelCard) -> dict[tuple[str, str | None], float]:
@@ -247,7 +244,7 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
         assert "language model trained on the tiny training text" in card.text
         assert "| training data | the tiny training text |" in card.text
     # every plot in the folder is shown in the card, and the card shows no plot that is missing
-    plots = {f for f in hp.list_folder(folder) if f.startswith("plots/")}
+    plots = {f for f in hub_folder.list_folder(folder) if f.startswith("plots/")}
     assert set(re.findall(r"\]\((plots/[^)]+)\)", card.text)) == plots
     assert "trust_remote_code=True" in card.text
 
@@ -300,8 +297,8 @@ def remote_loads(runs, published, tmp_path_factory):
     torch.save(ids, root / "ids.pt")
     jobs, expected_classes = [], {}
     for name, (folder, _) in published.items():
-        info = hp.inspect_run(paths[name])
-        classes = hp.applicable_auto_classes(info)
+        info = run_inspection.inspect_run(paths[name])
+        classes = model_card.applicable_auto_classes(info)
         expected_classes[name] = classes
         _cache_layout(folder, REPOS[name], cache)
         snippet = re.search(r"```python\n(.*?)```", ModelCard.load(folder / "README.md").text, re.S).group(1)
@@ -324,7 +321,7 @@ def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs,
     _, models = runs
     ids, jobs, expected_classes, out = remote_loads
     model = models[name]
-    head = hp.HEAD_AUTO_CLASS[type(model).__name__]
+    head = run_inspection.HEAD_AUTO_CLASS[type(model).__name__]
     assert head in expected_classes[name] and "AutoModel" in expected_classes[name]
     assert ("AutoModelForMaskedLM" in expected_classes[name]) == (name == "mlm")
     assert ("AutoModelForCausalLM" in expected_classes[name]) == (name == "clm")
@@ -362,7 +359,7 @@ def test_upload_creates_the_repo_and_uploads_the_folder_once(runs, published, mo
 
     def fake_upload(self, **kwargs):
         folder = Path(kwargs["folder_path"])
-        seen["files"] = hp.list_folder(folder)
+        seen["files"] = hub_folder.list_folder(folder)
         seen["leak"] = any(FAKE_TOKEN in (folder / f).read_text(errors="ignore") for f in seen["files"]
                            if not f.endswith((".png", ".safetensors")))
         seen["folder"] = folder
@@ -382,7 +379,7 @@ def test_upload_creates_the_repo_and_uploads_the_folder_once(runs, published, mo
     assert kwargs["repo_id"] == REPOS["clm"] and kwargs["repo_type"] == "model" and kwargs["create_pr"] is True
     assert kwargs["commit_message"] == "Upload TnnForCausalLM (step 20)"
     assert "token" not in kwargs  # huggingface_hub finds the token itself
-    assert set(seen["files"]) == set(hp.list_folder(published["clm"][0]))
+    assert set(seen["files"]) == set(hub_folder.list_folder(published["clm"][0]))
     assert not seen["leak"]
     assert not seen["folder"].exists()  # the temporary folder is removed after the upload
     assert "discussions/1" in output
@@ -467,7 +464,7 @@ def test_committed_model_cards_are_well_formed(card_file):
     shown = set(re.findall(r"\]\((plots/[^)]+)\)", card.text))
     kept = {p.relative_to(card_file.parent).as_posix() for p in (card_file.parent / "plots").glob("*")}
     assert shown == kept
-    assert set(hp.list_folder(card_file.parent)) == {"README.md", *kept}  # never weights or code
+    assert set(hub_folder.list_folder(card_file.parent)) == {"README.md", *kept}  # never weights or code
 
 
 @pytest.mark.parametrize("config,support_aware,expected", [
@@ -483,18 +480,18 @@ def test_generation_limitation_follows_the_mode_the_kernel_and_the_shipped_code(
                                                                               expected):
     code = tmp_path / "etsc_cache.py"
     code.write_text("etsc_length" + (" kernel_support" if support_aware else ""))
-    text = hp._generation_limitation({"etsc_length": 512, **config}, [code])
+    text = model_card._generation_limitation({"etsc_length": 512, **config}, [code])
     assert expected in text
 
 
 def test_auto_map_names_only_the_classes_the_shipped_code_defines(tmp_path):
     """A run saved by an older version ships code without the token-classification and QA heads: its folder must
     not advertise them (loading them would fail), while the package's code advertises all seven."""
-    package = hp.model_code_files({"token_mixer": "dense"}, PROJECT_ROOT / "modeling_tnn")
-    assert hp.shipped_auto_map(package) == hp.AUTO_MAP
+    package = hub_folder.model_code_files({"token_mixer": "dense"}, PROJECT_ROOT / "modeling_tnn")
+    assert model_card.shipped_auto_map(package) == AUTO_MAP
     older = tmp_path / "modeling_tnn.py"
     older.write_text("\n".join(line for line in (PROJECT_ROOT / "modeling_tnn" / "modeling_tnn.py").read_text()
                                .splitlines() if not line.startswith(("class TnnForTokenClassification(",
                                                                       "class TnnForQuestionAnswering("))))
-    narrowed = hp.shipped_auto_map([*(p for p in package if p.name != "modeling_tnn.py"), older])
-    assert set(hp.AUTO_MAP) - set(narrowed) == {"AutoModelForTokenClassification", "AutoModelForQuestionAnswering"}
+    narrowed = model_card.shipped_auto_map([*(p for p in package if p.name != "modeling_tnn.py"), older])
+    assert set(AUTO_MAP) - set(narrowed) == {"AutoModelForTokenClassification", "AutoModelForQuestionAnswering"}

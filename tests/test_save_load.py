@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +141,21 @@ def test_remote_code_without_the_package(remote_code_run, cls, causal, fitting, 
     if cls is TnnForCausalLM:
         no_cache = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=False)
         assert torch.equal(out[f"{folder}|generate"], no_cache)
+
+
+def test_a_saved_folder_holds_the_model_code_alone(tmp_path):
+    """The training and publishing machinery (modeling_tnn.recipes) stays out of what save_pretrained copies (and
+    so out of the Hub): the saved .py files are the import closure of the model and config modules, none of which
+    imports the recipes."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    package = PROJECT_ROOT / "modeling_tnn"
+    TnnForCausalLM(tiny_config("dense")).save_pretrained(tmp_path)
+    saved = {p.name for p in tmp_path.glob("*.py")}
+    closure = {Path(f).name for root in ("modeling_tnn.py", "configuration_tnn.py")
+               for f in [package / root, *get_relative_import_files(str(package / root))]}
+    assert saved == closure
+    recipes = {p.name for p in (package / "recipes").glob("*.py")}
+    assert not saved & recipes and "corpus.py" not in saved and "presets.py" not in saved
+    for name in saved:
+        assert "recipes" not in (package / name).read_text(), f"{name} mentions the recipes"

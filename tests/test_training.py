@@ -1,5 +1,5 @@
-"""The Accelerate pretraining scripts (run_scripts/train_clm.py, train_mlm.py and their shared lm_training module):
-input errors before training, short runs, exact resume, atomic checkpoints, a 2-process DDP launch."""
+"""The Accelerate pretraining scripts (run_scripts/train_clm.py, train_mlm.py over modeling_tnn.recipes): input errors
+before training, short runs, exact resume, atomic checkpoints, 2-process DDP launches (accelerate and torchrun)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from modeling_tnn.recipes import (
+    checkpoints,
+    cpu_launch,
+    hub_folder,
+    hub_upload,
+    lm_arguments,
+    lm_evaluation,
+    lm_setup,
+    lm_training,
+)
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = PROJECT_ROOT / "run_scripts"
-sys.path.insert(0, str(SCRIPTS))
 
-import cpu_launch  # noqa: E402
-import lm_training as lt  # noqa: E402
 
 # Tiny everything: the tiny preset, 16-token blocks, a 300-token BPE, no trackers.
 TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
@@ -31,7 +39,7 @@ TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "-
 @pytest.fixture(scope="module")
 def text_files(tmp_path_factory) -> tuple[Path, Path]:
     """A small local train/validation pair of text files (from the embedded corpus)."""
-    from modeling_tnn.corpus import embedded_corpus
+    from modeling_tnn.recipes.corpus import embedded_corpus
 
     docs = embedded_corpus()
     folder = tmp_path_factory.mktemp("text")
@@ -43,7 +51,7 @@ def text_files(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def run(task: str, argv: list[str]):
-    return lt.run(lt.parse_args(task, argv), task)
+    return lm_training.run(lm_arguments.parse_args(task, argv), task)
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -74,7 +82,7 @@ def assert_same_weights(a: Path, b: Path, atol: float = 1e-6) -> None:
 def test_bad_flags_fail_before_training(tmp_path, flags, message):
     argv = TINY + ["--output_dir", str(tmp_path / "out")] + flags
     with pytest.raises(ValueError, match=message):
-        lt.setup(lt.parse_args("clm", argv), "clm")
+        lm_setup.setup(lm_arguments.parse_args("clm", argv), "clm")
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -83,21 +91,21 @@ def test_block_size_larger_than_data(tmp_path, text_files, capsys):
     argv = TINY + ["--train_file", str(train), "--validation_file", str(valid), "--block_size", "1000000",
                    "--output_dir", str(tmp_path)]
     with pytest.raises(SystemExit) as exit_info:  # the CLI entry point: status 2 and one clear line
-        lt.cli_main("clm", argv)
+        lm_training.cli_main("clm", argv)
     assert exit_info.value.code == 2
     assert "--block_size 1000000 is larger than the train data" in capsys.readouterr().err
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_config_overrides_parse_json_values():
-    assert lt.parse_config_overrides("a=1, b=0.5,c=fd,d=null,e=true") == {"a": 1, "b": 0.5, "c": "fd", "d": None,
-                                                                          "e": True}
+    parsed = lm_arguments.parse_config_overrides("a=1, b=0.5,c=fd,d=null,e=true")
+    assert parsed == {"a": 1, "b": 0.5, "c": "fd", "d": None, "e": True}
 
 
 def test_sliding_windows_score_every_target_once():
     for length, window in [(64, 16), (50, 16), (16, 16), (33, 8)]:
         scored = []
-        for start, end, first in lt._windows(length, window):
+        for start, end, first in lm_evaluation._windows(length, window):
             assert end - start <= window
             scored += range(max(first, start + 1), end)  # targets this window scores (the shift drops `start`)
         assert sorted(scored) == list(range(1, length))
@@ -112,15 +120,13 @@ def test_accelerate_cpu_launch_detection():
 
 
 def test_push_to_hub_publishes_through_the_publishing_code(tmp_path, monkeypatch):
-    import hub_publishing
-
-    monkeypatch.setattr(hub_publishing, "_current_token", lambda: None)
+    monkeypatch.setattr(hub_folder, "_current_token", lambda: None)
     argv = TINY + ["--output_dir", str(tmp_path / "run"), "--max_train_steps", "2", "--push_to_hub",
                    "--hub_model_id", "me/tnn-tiny", "--checkpointing_steps", "1"]
     with pytest.raises(ValueError, match="--push_to_hub: no Hugging Face token"):  # before training
-        lt.setup(lt.parse_args("clm", argv), "clm")
+        lm_setup.setup(lm_arguments.parse_args("clm", argv), "clm")
     with pytest.raises(ValueError, match="--hub_model_id 'not a repo'"):
-        lt.setup(lt.parse_args("clm", argv + ["--hub_model_id", "not a repo"]), "clm")
+        lm_setup.setup(lm_arguments.parse_args("clm", argv + ["--hub_model_id", "not a repo"]), "clm")
 
     uploads = []
 
@@ -128,8 +134,8 @@ def test_push_to_hub_publishes_through_the_publishing_code(tmp_path, monkeypatch
         uploads.append((repo_id, sorted(p.name for p in Path(folder).iterdir()), kwargs["commit_message"]))
         return "https://hub/commit/1"
 
-    monkeypatch.setattr(hub_publishing, "_current_token", lambda: "a-token")
-    monkeypatch.setattr(hub_publishing, "upload_folder", fake_upload)
+    monkeypatch.setattr(hub_folder, "_current_token", lambda: "a-token")
+    monkeypatch.setattr(hub_upload, "upload_folder", fake_upload)
     run("clm", argv)
     repo_id, files, message = uploads[0]
     assert repo_id == "me/tnn-tiny" and message == "train_clm: step 2"
@@ -190,7 +196,7 @@ def test_other_architectures_through_config_json(tmp_path, text_files):
     scored = lengths["64"]["tokens"] // 63 * 64  # the same text at both lengths: each segment scores all but 1 token
     assert lengths["64"]["tokens"] % 63 == 0 and lengths["16"]["tokens"] == scored // 16 * 15
     with pytest.raises(ValueError, match="unknown GPT2Config field"):
-        lt.setup(lt.parse_args("clm", ["--config_name", str(config), "--config_overrides", "n_embdd=3",
+        lm_setup.setup(lm_arguments.parse_args("clm", ["--config_name", str(config), "--config_overrides", "n_embdd=3",
                                        "--output_dir", str(tmp_path / "bad")]), "clm")
 
 
@@ -220,7 +226,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, text_files, task):
                    "--max_train_steps", "8", "--num_warmup_steps", "2", "--checkpointing_steps", "5",
                    "--learning_rate", "1e-2"]
     run(task, argv + ["--output_dir", str(tmp_path / "straight")])
-    state = json.loads((tmp_path / "straight" / "step_5" / lt.TRAINER_STATE).read_text())
+    state = json.loads((tmp_path / "straight" / "step_5" / checkpoints.TRAINER_STATE).read_text())
     assert state["completed_steps"] == 5 and state["epoch"] >= 1  # resumed after an epoch boundary ...
     assert 5 % state["steps_per_epoch"] != 0  # ... and mid-epoch
     shutil.copytree(tmp_path / "straight" / "step_5", tmp_path / "resumed" / "step_5")  # the run that "stopped" at 5
@@ -245,18 +251,18 @@ def test_crash_mid_checkpoint_leaves_no_valid_checkpoint(tmp_path, text_files, m
     monkeypatch.setattr(Accelerator, "save_state", save_then_crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run("clm", argv)
-    partial = tmp_path / f"{lt.TMP_PREFIX}step_2"
+    partial = tmp_path / f"{checkpoints.TMP_PREFIX}step_2"
     assert (partial / "model.safetensors").is_file()  # the crash did happen mid-write
     assert not (tmp_path / "step_2").exists()
-    assert lt.find_latest_checkpoint(tmp_path) is None
+    assert checkpoints.find_latest_checkpoint(tmp_path) is None
     with pytest.raises(ValueError, match="no valid checkpoint"):
-        lt.resolve_checkpoint("latest", str(tmp_path))
+        checkpoints.resolve_checkpoint("latest", str(tmp_path))
     with pytest.raises(ValueError, match="not a complete checkpoint"):
-        lt.resolve_checkpoint(str(partial), str(tmp_path))
+        checkpoints.resolve_checkpoint(str(partial), str(tmp_path))
 
     monkeypatch.setattr(Accelerator, "save_state", original)
     run("clm", argv + ["--overwrite_output_dir"])  # a new run there replaces the leftover, completes the checkpoint
-    assert lt.is_valid_checkpoint(tmp_path / "step_2") and not partial.exists()
+    assert checkpoints.is_valid_checkpoint(tmp_path / "step_2") and not partial.exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -268,18 +274,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_accelerate_launch_cpu_two_processes_is_ddp(tmp_path):
-    accelerate = Path(sys.executable).parent / "accelerate"
-    if not accelerate.exists():
-        pytest.skip("the accelerate command is not installed beside this Python")
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_two_cpu_processes_are_ddp(tmp_path, launcher):
+    """Both launch paths the README documents: `accelerate launch --cpu --num_processes 2` (which accelerate runs
+    as one process; cpu_launch starts the second) and `torchrun --nproc_per_node 2` (cpu_launch stands aside)."""
+    command = Path(sys.executable).parent / launcher
+    if not command.exists():
+        pytest.skip(f"the {launcher} command is not installed beside this Python")
     common = TINY + ["--max_train_steps", "4", "--checkpointing_steps", "4"]
-    command = [str(accelerate), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-               str(SCRIPTS / "train_clm.py"), *common, "--per_device_train_batch_size", "2",
-               "--output_dir", str(tmp_path / "ddp")]
+    port = str(_free_port())
+    launch = ([str(command), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+               "no", "--dynamo_backend", "no", "--main_process_port", port] if launcher == "accelerate" else
+              [str(command), "--nproc_per_node", "2", "--master_port", port])
+    argv = [*launch, str(SCRIPTS / "train_clm.py"), *common, "--per_device_train_batch_size", "2",
+            "--output_dir", str(tmp_path / "ddp")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert ("started one process: starting 2" in done.stderr) == (launcher == "accelerate")
     results = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
     assert results["num_processes"] == 2
     assert (tmp_path / "ddp" / "step_4" / "random_states_1.pkl").is_file()  # each rank saved its RNG state

@@ -20,11 +20,20 @@ import torch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = PROJECT_ROOT / "run_scripts"
-sys.path.insert(0, str(SCRIPTS))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import lm_training as lt  # noqa: E402
 from remote_code import BLOCK_PACKAGE_PREAMBLE  # noqa: E402
+
+from modeling_tnn.recipes import (
+    checkpoints,
+    lm_arguments,
+    lm_data,
+    lm_evaluation,
+    lm_generation,
+    lm_setup,
+    lm_training,
+    stop_signals,
+    tracking,
+)
 
 TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
         "--max_eval_samples", "4", "--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "4"]
@@ -33,7 +42,7 @@ TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> list[str]:
     """--train_file/--validation_file flags of a small local text pair (a few dozen 16-token blocks)."""
-    from modeling_tnn.corpus import embedded_corpus
+    from modeling_tnn.recipes.corpus import embedded_corpus
 
     docs = embedded_corpus()
     folder = tmp_path_factory.mktemp("text")
@@ -51,17 +60,17 @@ def finished_run(tmp_path_factory, data) -> Path:
 
 
 def run(argv: list[str], task: str = "clm"):
-    return lt.run(lt.parse_args(task, argv), task)
+    return lm_training.run(lm_arguments.parse_args(task, argv), task)
 
 
 def setup(argv: list[str], task: str = "clm"):
-    return lt.setup(lt.parse_args(task, argv), task)
+    return lm_setup.setup(lm_arguments.parse_args(task, argv), task)
 
 
 def cli_error(argv: list[str], capsys, task: str = "clm") -> str:
     """Run the CLI entry point, expect exit status 2 and one ``error:`` line (no traceback), and return it."""
     with pytest.raises(SystemExit) as exit_info:
-        lt.cli_main(task, argv)
+        lm_training.cli_main(task, argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -87,17 +96,17 @@ def test_output_dir_holding_a_run_is_refused_unless_overwritten(tmp_path, finish
     # --overwrite_output_dir: the old run's checkpoints and results go, so `latest` can only find the new run's
     run(TINY + data + ["--output_dir", str(out), "--max_train_steps", "1", "--overwrite_output_dir"])
     assert not (out / "step_1").exists() and not (out / "step_2").exists()
-    assert json.loads((out / lt.RESULTS_FILE).read_text())["train_steps"] == 1
-    assert [json.loads(x)["step"] for x in (out / lt.METRICS_FILE).read_text().splitlines()] == [1, 1]
+    assert json.loads((out / checkpoints.RESULTS_FILE).read_text())["train_steps"] == 1
+    assert [json.loads(x)["step"] for x in (out / checkpoints.METRICS_FILE).read_text().splitlines()] == [1, 1]
 
     # an empty folder, or one holding unrelated files, is fine
     (tmp_path / "fresh").mkdir()
     (tmp_path / "fresh" / "notes.md").write_text("mine")
-    assert lt.run_files_in(tmp_path / "fresh") == []
+    assert checkpoints.run_files_in(tmp_path / "fresh") == []
 
 
 def test_resume_refuses_a_checkpoint_of_another_run_naming_every_field(tmp_path, finished_run, data, capsys):
-    from modeling_tnn.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
 
     step = finished_run / "step_1"
     # another token mixer and width, another batch size: the issue's FD run resuming the dense run's checkpoint
@@ -126,7 +135,7 @@ def test_resume_refuses_a_checkpoint_of_another_run_naming_every_field(tmp_path,
 
 
 def test_checkpoint_records_the_model_config_and_tokenizer(finished_run):
-    state = json.loads((finished_run / "step_2" / lt.TRAINER_STATE).read_text())
+    state = json.loads((finished_run / "step_2" / checkpoints.TRAINER_STATE).read_text())
     assert state["model_config"]["token_mixer"] == "dense" and state["model_config"]["hidden_size"] == 32
     assert "transformers_version" not in state["model_config"]
     assert state["tokenizer"]["size"] == 300 and len(state["tokenizer"]["sha256"]) == 64
@@ -146,7 +155,7 @@ def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
         try:
             deadline = time.time() + 120
             while time.time() < deadline and process.poll() is None:  # wait for the second logged step
-                metrics = out / lt.METRICS_FILE
+                metrics = out / checkpoints.METRICS_FILE
                 if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
                     break
                 time.sleep(0.05)
@@ -166,21 +175,21 @@ def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
     assert match, last
     step, checkpoint = int(match[1]), Path(match[2])
     assert match[3] == match[2] and checkpoint == out / f"step_{step}" and step >= 2
-    assert lt.is_valid_checkpoint(checkpoint)
-    assert json.loads((checkpoint / lt.TRAINER_STATE).read_text())["completed_steps"] == step
+    assert checkpoints.is_valid_checkpoint(checkpoint)
+    assert json.loads((checkpoint / checkpoints.TRAINER_STATE).read_text())["completed_steps"] == step
 
     # resuming (with the flag the message gave) continues from that step
     outcome = run(TINY + data + ["--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint),
                                  "--max_train_steps", str(step + 2), "--logging_steps", "1"])
     assert outcome.results["train_steps"] == step + 2
-    logged = [json.loads(x)["step"] for x in (out / lt.METRICS_FILE).read_text().splitlines()
+    logged = [json.loads(x)["step"] for x in (out / checkpoints.METRICS_FILE).read_text().splitlines()
               if "train_loss" in json.loads(x)]
     assert logged[-2:] == [step + 1, step + 2] and logged.count(step + 1) == 1
 
 
 def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
     calls = {"n": 0}
-    original = lt.InputBuilder.__call__
+    original = lm_evaluation.InputBuilder.__call__
 
     def signal_at_third_batch(self, batch):
         calls["n"] += 1
@@ -188,19 +197,19 @@ def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)  # handled between two bytecodes: during step 3
         return original(self, batch)
 
-    monkeypatch.setattr(lt.InputBuilder, "__call__", signal_at_third_batch)
+    monkeypatch.setattr(lm_evaluation.InputBuilder, "__call__", signal_at_third_batch)
     previous = signal.getsignal(signal.SIGTERM)
     out = tmp_path / "run"
     argv = TINY + data + ["--output_dir", str(out), "--max_train_steps", "50", "--checkpointing_steps", "20"]
-    with pytest.raises(lt.TrainingInterrupted) as stop:
+    with pytest.raises(stop_signals.TrainingInterrupted) as stop:
         run(argv)
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is restored
     assert (stop.value.signal_name, stop.value.step, stop.value.exit_code) == ("SIGTERM", 3, 143)
-    assert stop.value.checkpoint == out / "step_3" and lt.is_valid_checkpoint(out / "step_3")
+    assert stop.value.checkpoint == out / "step_3" and checkpoints.is_valid_checkpoint(out / "step_3")
     assert not (out / "model.safetensors").exists()  # stopped: no final save
 
     # a checkpoint of the last step resumes straight to the final save (no extra step)
-    monkeypatch.setattr(lt.InputBuilder, "__call__", original)
+    monkeypatch.setattr(lm_evaluation.InputBuilder, "__call__", original)
     outcome = run(TINY + data + ["--output_dir", str(out), "--resume_from_checkpoint", "latest",
                                  "--max_train_steps", "3", "--checkpointing_steps", "20"])
     assert outcome.results["train_steps"] == 3 and (out / "model.safetensors").is_file()
@@ -212,7 +221,7 @@ def test_checkpoints_total_limit_keeps_the_newest(tmp_path, data, caplog):
         run(TINY + data + ["--output_dir", str(out), "--max_train_steps", "5", "--checkpointing_steps", "1",
                            "--checkpoints_total_limit", "2"])
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["step_4", "step_5"]  # no .tmp- leftovers
-    assert lt.find_latest_checkpoint(out) == out / "step_5"
+    assert checkpoints.find_latest_checkpoint(out) == out / "step_5"
     assert "Removed shared tensor" not in caplog.text
     with pytest.raises(ValueError, match="--checkpoints_total_limit must be a positive integer"):
         setup(TINY + ["--output_dir", str(tmp_path / "x"), "--checkpoints_total_limit", "0"])
@@ -222,11 +231,12 @@ def test_tied_weight_filter_only_drops_the_tied_weight_message():
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord("accelerate.utils.other", logging.WARNING, __file__, 1, message, None, None)
 
-    lt.TIED_WEIGHT_FILTER.names.add("lm_head.weight")
+    tracking.TIED_WEIGHT_FILTER.names.add("lm_head.weight")
     tied = "[RANK 0] Removed shared tensor {'lm_head.weight'} while saving. This should be OK"
-    assert not lt.TIED_WEIGHT_FILTER.filter(record(tied))
-    assert lt.TIED_WEIGHT_FILTER.filter(record("Removed shared tensor {'encoder.w', 'lm_head.weight'} while saving"))
-    assert lt.TIED_WEIGHT_FILTER.filter(record("some other warning"))
+    assert not tracking.TIED_WEIGHT_FILTER.filter(record(tied))
+    untied = "Removed shared tensor {'encoder.w', 'lm_head.weight'} while saving"
+    assert tracking.TIED_WEIGHT_FILTER.filter(record(untied))
+    assert tracking.TIED_WEIGHT_FILTER.filter(record("some other warning"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -283,10 +293,10 @@ def test_evaluation_calls_the_model_without_a_cache(finished_run):
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("use_cache")),
                                     with_kwargs=True)
     stream = torch.randint(0, 300, (64,))
-    lt.evaluate_lengths(model, stream, [16, 32], batch_size=4)
-    lt.evaluate_lengths(model, stream, [32], window=16, batch_size=4)
-    tokenizer = lt.AutoTokenizer.from_pretrained(finished_run)
-    inputs = lt.InputBuilder("clm", tokenizer, None)({"input_ids": stream[:32].view(2, 16)})
+    lm_evaluation.evaluate_lengths(model, stream, [16, 32], batch_size=4)
+    lm_evaluation.evaluate_lengths(model, stream, [32], window=16, batch_size=4)
+    tokenizer = lm_data.AutoTokenizer.from_pretrained(finished_run)
+    inputs = lm_evaluation.InputBuilder("clm", tokenizer, None)({"input_ids": stream[:32].view(2, 16)})
     model(**inputs)
     assert seen and all(value is False for value in seen)
 
@@ -295,11 +305,11 @@ def test_time_generation_reports_cached_and_full_recompute(finished_run):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(finished_run).train()
-    rows = lt.time_generation(model, [8, 40], new_tokens=2)
+    rows = lm_generation.time_generation(model, [8, 40], new_tokens=2)
     assert [r["context"] for r in rows] == [8, 40]
     assert all(r["cached_ms"] > 0 and r["no_cache_ms"] > 0 for r in rows)
     assert model.training  # the mode is restored
-    table = lt.format_generation_table(rows)
+    table = lm_generation.format_generation_table(rows)
     assert table.splitlines()[0].startswith("| context | ms/token with cache |") and "| 40 |" in table
 
 
@@ -307,12 +317,12 @@ def test_time_generation_reports_cached_and_full_recompute(finished_run):
 # Saved tokenizers load with plain AutoTokenizer where modeling_tnn is blocked
 # ----------------------------------------------------------------------------------------------------------------
 def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path, finished_run):
-    from modeling_tnn.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
 
     alone = tmp_path / "tokenizer"  # what tokenizer_training, glue_recipe and bench_quality write
     own = train_byte_level_bpe(["a tokenizer folder on its own"] * 20, vocab_size=270)
     own.save_pretrained(alone)
-    expected = lt.AutoTokenizer.from_pretrained(finished_run)("def f(x): return x").input_ids
+    expected = lm_data.AutoTokenizer.from_pretrained(finished_run)("def f(x): return x").input_ids
     script = BLOCK_PACKAGE_PREAMBLE.format(root=str(PROJECT_ROOT)) + textwrap.dedent(f"""
         import json, warnings
         warnings.simplefilter("always")
