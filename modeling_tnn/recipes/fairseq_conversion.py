@@ -41,8 +41,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from .configuration_tnn import TnnConfig
-from .modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel
+from ..configuration_tnn import TnnConfig
+from ..modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel
 
 # fairseq's Dictionary puts these four symbols first, at ids 0-3, before the lines of dict.txt.
 FAIRSEQ_SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")
