@@ -3,9 +3,11 @@ reports the path, not a failed connection to the Hub)."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -123,3 +125,14 @@ def check_local_source(value: str | None, flag: str, needs: Sequence[str] = ("co
     problem = hub_lookup_error(value) if hub else None
     if problem is not None:
         raise UsageError(f"{flag} {value!r} is not a local folder{closest_name(path)}, {problem}.")
+
+
+@contextlib.contextmanager
+def exit_on_usage_error(script: str) -> Iterator[None]:
+    """Around a script's ``main``: a :class:`UsageError` prints one ``SCRIPT: error: ...`` line on stderr and exits
+    with status 2 (argparse's convention), instead of a traceback."""
+    try:
+        yield
+    except UsageError as error:
+        print(f"{script}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -26,7 +26,7 @@ from transformers import (
 
 from modeling_tnn import list_presets, load_preset
 
-from .flag_checks import UsageError, check_local_source, first_line
+from .flag_checks import UsageError, check_local_source, exit_on_usage_error, first_line
 from .glue_arguments import ModelArguments, parse_args
 from .glue_inputs import Inputs, load_inputs
 from .glue_metrics import make_compute_metrics
@@ -282,11 +282,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 def cli(argv: list[str] | None = None) -> None:
     """Entry point: an input error prints one ``finetune_glue.py: error: ...`` line and exits with status 2."""
-    try:
+    with exit_on_usage_error("finetune_glue.py"):
         main(argv)
-    except UsageError as error:
-        print(f"finetune_glue.py: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def push_to_hub(training_args: TrainingArguments, task_name: str | None, data_name: str | None = None) -> None:

@@ -1,19 +1,6 @@
-#!/usr/bin/env python
-"""Finetune one or more checkpoints on every GLUE task available locally, in sequence, and write one results table
-(``glue_results.md`` and ``glue_results.json``) with the majority-class baseline beside them.
-
-Each (model, task) pair is one ``finetune_glue.py`` run in its own process; arguments after ``--`` go to every run,
-``--task_args TASK=ARGS`` to one task's runs. A task is available when its ``train.tsv`` and dev file(s) exist under
-``--glue_dir`` (here: CoLA, SST-2, MRPC, STS-B, RTE, WNLI; QNLI has only its dev split, MNLI and QQP are absent).
-Before any run starts, a checkpoint folder that does not exist, a missing ``--glue_dir`` or a GLUE file that does not
-match its task prints one ``error:`` line naming it and exits with status 2.
-
-Example::
-
-    python run_scripts/run_glue_suite.py --model tnn=outputs/mlm_tnn --model bert=outputs/mlm_bert \\
-        --tasks cola,sst2,mrpc,stsb,rte --task_args "sst2=--max_train_samples 8000" \\
-        --output_dir outputs/glue --results_dir results/glue -- --num_train_epochs 3 --learning_rate 1e-3
-"""
+"""The GLUE suite behind ``run_glue_suite.py`` (its docstring has the usage): every locally available task for
+one or more checkpoints, each (model, task) a ``finetune_glue`` process, one results table with the majority-class
+baseline beside it."""
 
 from __future__ import annotations
 
@@ -29,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .data_location import find_data_dir
-from .flag_checks import UsageError, check_local_source
+from .flag_checks import UsageError, check_local_source, exit_on_usage_error
 from .glue_metrics import majority_baseline
 from .glue_tasks import TASK_NAMES, available_splits, get_task, load_glue_local
 
@@ -236,8 +223,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 def cli(argv: list[str] | None = None) -> None:
     """Entry point: an input error prints one ``run_glue_suite.py: error: ...`` line and exits with status 2."""
-    try:
+    with exit_on_usage_error("run_glue_suite.py"):
         main(argv)
-    except UsageError as error:
-        print(f"run_glue_suite.py: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
