@@ -6,6 +6,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
@@ -88,61 +89,113 @@ def _fill_windows(out: torch.Tensor, x: torch.Tensor, channels: slice, step: int
     return out
 
 
+def _place_kernel(buffer: torch.Tensor, kernel: torch.Tensor, channels: slice, lag0: int) -> torch.Tensor:
+    """``buffer`` (k, fft_len) <- the circular layout of ``kernel[:, channels]`` (L, c), whose row r holds lag
+    ``r - lag0``: lag m at slot m mod fft_len, zero at the slots no row reaches."""
+    fft_len, rows = buffer.shape[1], kernel.shape[0]
+    taps = kernel[:, channels].t()
+    buffer[:, : rows - lag0].copy_(taps[:, lag0:])
+    buffer[:, rows - lag0: fft_len - lag0].zero_()
+    if lag0:
+        buffer[:, fft_len - lag0:].copy_(taps[:, :lag0])
+    return buffer
+
+
+def _gather_kernel_grad(circular: torch.Tensor, rows: int, lag0: int) -> torch.Tensor:
+    """The gradient (L, k) of the compact kernel from that of its circular layout (k, fft_len): the adjoint of
+    :func:`_place_kernel`."""
+    fft_len = circular.shape[1]
+    if not lag0:
+        return circular[:, :rows].t()
+    return torch.cat([circular[:, fft_len - lag0:], circular[:, : rows - lag0]], dim=1).t()
+
+
 class _BlockConvolution(torch.autograd.Function):
     """Overlap-save convolution along dim 1 of (b, n, c), channel chunk by channel chunk, with a hand-written
     backward: one rfft of the zero-padded output gradient serves both the input gradient (one irfft, then
-    overlap-add) and the kernel gradient (its product with the saved input spectra).
+    overlap-add) and the kernel gradient (its product with the input spectra).
 
-    The kernel is a real circular layout (fft_len, c), whose rfft runs here chunk by chunk (and whose gradient is
-    one irfft per chunk), or a complex spectrum (fft_len // 2 + 1, c).
+    The kernel is real, (L, c) with row r holding lag ``r - lag0`` (its circular layout is built chunk by chunk, in
+    cache), or a complex spectrum (fft_len // 2 + 1, c). With ``recompute`` the function saves only its real inputs
+    and recomputes the input and kernel spectra in backward (two more FFTs per chunk, half the saved bytes: a
+    spectrum of fft_len // 2 + 1 complex values per channel weighs about twice its n real inputs); otherwise it keeps
+    the spectra of the forward.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int, offset: int) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int, offset: int, lag0: int,
+                recompute: bool, rebuild: Callable[[], torch.Tensor] | None, activate: bool,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        pre = x
+        if activate:  # x is a pre-activation: convolve silu(x) * mask, keep x alone for backward
+            x = _activation(pre, mask)
         b, n, c = x.shape
         blocks = -(-n // step)
         chunk = _chunk_channels(x, b * blocks * fft_len)
         windows = x.new_empty(b, chunk, blocks, fft_len)
+        spectral = kernel.is_complex()
+        placed = None if spectral else x.new_empty(chunk, fft_len)
         y = x.new_empty(b, n, c)
+        keep = ctx.needs_input_grad[1] and not recompute  # the input spectra, for the kernel gradient
         input_spectra, kernel_spectra = [], []
         for start in range(0, c, chunk):
             channels = slice(start, min(c, start + chunk))
             k = channels.stop - start
-            kernel_f = _chunk_spectrum(kernel, channels)
+            kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k])
             x_f = torch.fft.rfft(_fill_windows(windows[:, :k], x, channels, step, offset), dim=-1)
-            if ctx.needs_input_grad[1]:
+            if keep:
                 input_spectra.append(x_f)
                 y_f = x_f * kernel_f[:, None]
             else:
                 y_f = x_f.mul_(kernel_f[:, None])
-            kernel_spectra.append(kernel_f)
+            if not recompute and not spectral:
+                kernel_spectra.append(kernel_f)
             out = torch.fft.irfft(y_f, n=fft_len, dim=-1)[..., offset: offset + step]
             y[:, :, channels].copy_(out.reshape(b, k, blocks * step)[..., :n].transpose(1, 2))
-        ctx.save_for_backward(*kernel_spectra, *input_spectra)
-        ctx.geometry = (n, fft_len, step, offset, chunk, kernel.shape, kernel.is_complex())
+        kept = pre if activate else (x if recompute and ctx.needs_input_grad[1] else None)
+        if recompute:
+            # With ``rebuild`` the kernel is not kept either: backward calls it for the same values.
+            ctx.save_for_backward(kept, kernel if rebuild is None or spectral else None, mask)
+            ctx.rebuild = rebuild
+        else:
+            ctx.save_for_backward(kept, kernel if spectral else None, mask, *kernel_spectra, *input_spectra)
+        ctx.geometry = (n, fft_len, step, offset, chunk, kernel.shape[0], lag0, recompute, spectral, activate)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        n, fft_len, step, offset, chunk, kernel_shape, spectral = ctx.geometry
+        n, fft_len, step, offset, chunk, rows, lag0, recompute, spectral, activate = ctx.geometry
         b, _, c = grad.shape
         chunks = -(-c // chunk)
         saved = ctx.saved_tensors  # unpacked once: activation checkpointing allows no second unpacking
-        kernel_spectra, input_spectra = saved[:chunks], saved[chunks:]
-        blocks = -(-n // step)
+        pre, kernel, mask = saved[:3]
+        x = pre
         need_x, need_kernel = ctx.needs_input_grad[:2]
+        if activate and recompute and need_kernel:
+            x = _activation(pre, mask)
+        if recompute and kernel is None and need_x:
+            with torch.no_grad():
+                kernel = ctx.rebuild()
+        kernel_spectra = saved[3: 3 + chunks] if not recompute and not spectral else None
+        input_spectra = saved[3 + (0 if spectral or recompute else chunks):]
+        blocks = -(-n // step)
         grad_x = grad.new_empty(b, n, c) if need_x else None
         grad_kernel = None
         if need_kernel:
-            grad_kernel = grad.new_empty(kernel_shape, dtype=kernel_spectra[0].dtype if spectral else grad.dtype)
-            weights = _onesided_weights(fft_len, grad.dtype, grad.device)
+            if spectral:
+                grad_kernel = grad.new_empty((fft_len // 2 + 1, c), dtype=grad.dtype.to_complex())
+                weights = _onesided_weights(fft_len, grad.dtype, grad.device)
+        if recompute:
+            windows = grad.new_empty(b, chunk, blocks, fft_len) if need_kernel else None
+            placed = None if spectral else grad.new_empty(chunk, fft_len)
         # Each window's output gradient sits at slots offset .. offset + step - 1, zero elsewhere.
         padded = grad.new_zeros(b, chunk, blocks, fft_len)
         whole, rest = divmod(n, step)
         spans = -(-fft_len // step)  # how many blocks of x one window overlaps
         if need_x and blocks > 1:
             summed = grad.new_empty(b, chunk, blocks + spans, step)
+        kernel_parts = []
         for index, start in enumerate(range(0, c, chunk)):
             channels = slice(start, min(c, start + chunk))
             k = channels.stop - start
@@ -157,15 +210,23 @@ class _BlockConvolution(torch.autograd.Function):
                 # Correlation of the output gradient with the input, per bin: conj(X) G summed over batch and blocks
                 # (reducing dims 0 and 2 at once is slow). Its irfft is the gradient of the time-domain kernel; the
                 # spectrum's (PyTorch's convention for complex inputs) weighs each bin as irfft counts it.
-                product = input_spectra[index].conj_physical().mul_(g_f)
+                if recompute:
+                    x_f = torch.fft.rfft(_fill_windows(windows[:, :k], x, channels, step, offset), dim=-1)
+                    product = x_f.conj_physical_().mul_(g_f)
+                else:
+                    product = input_spectra[index].conj_physical().mul_(g_f)
                 product = product[0, :, 0] if b * blocks == 1 else product.sum(2).sum(0)              # (k, F)
                 if spectral:
                     grad_kernel[:, channels] = (product * weights).t()
                 else:
-                    grad_kernel[:, channels] = torch.fft.irfft(product, n=fft_len, dim=-1).t()
+                    kernel_parts.append(_gather_kernel_grad(torch.fft.irfft(product, n=fft_len, dim=-1), rows, lag0))
             if need_x:
+                if recompute:
+                    kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k])
+                else:
+                    kernel_f = kernel[:, channels].t() if spectral else kernel_spectra[index]
                 # The adjoint of a convolution is the correlation with the same kernel: multiply by conj(K).
-                window_grad = torch.fft.irfft(g_f.mul_(kernel_spectra[index].conj()[:, None]), n=fft_len, dim=-1)
+                window_grad = torch.fft.irfft(g_f.mul_(kernel_f.conj()[:, None]), n=fft_len, dim=-1)
                 if blocks == 1:
                     source = window_grad[:, :, 0, offset: offset + n]
                 else:  # overlap-add the window gradients back onto the sequence
@@ -176,29 +237,91 @@ class _BlockConvolution(torch.autograd.Function):
                         acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
                     source = acc.view(b, k, -1)[..., offset: offset + n]
                 grad_x[:, :, channels].copy_(source.transpose(1, 2))
-        return grad_x, grad_kernel, None, None, None
+        if kernel_parts:
+            grad_kernel = torch.cat(kernel_parts, dim=1)
+        if activate and need_x:  # back through x = silu(source) * mask, as autograd would
+            if mask is not None:
+                grad_x.mul_(mask[..., None].to(grad_x.dtype))
+            grad_x = torch.ops.aten.silu_backward(grad_x, pre)
+        return grad_x, grad_kernel, None, None, None, None, None, None, None, None
 
 
-def _chunk_spectrum(kernel: torch.Tensor, channels: slice) -> torch.Tensor:
-    """The spectrum (k, F) of some channels of a kernel given as a spectrum (F, c) or a real layout (fft_len, c)."""
+def _chunk_spectrum(kernel: torch.Tensor, channels: slice, lag0: int = 0,
+                    placed: torch.Tensor | None = None) -> torch.Tensor:
+    """The spectrum (k, F) of some channels of a kernel given as a spectrum (F, c) or as real taps (L, c) whose
+    row r holds lag ``r - lag0``, laid out circularly in ``placed`` (k, fft_len)."""
     if kernel.is_complex():
         return kernel[:, channels].t().contiguous()
-    return torch.fft.rfft(kernel[:, channels].t(), dim=-1)
+    return torch.fft.rfft(_place_kernel(placed, kernel, channels, lag0), dim=-1)
+
+
+# Saved input spectra above this many bytes are recomputed in backward instead (``recompute=None``): below it the
+# two extra FFTs cost more than the memory is worth; above it the saved spectra dominate a layer's training memory.
+RECOMPUTE_BYTES = 1 << 26
 
 
 def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int | None = None,
-                 offset: int = 0) -> torch.Tensor:
-    """Per-channel convolution of ``x`` (b, n, c) with a real kernel, given either as its circular layout
-    (fft_len, c) (lag m at slot m mod fft_len) or as the rfft of that layout (fft_len // 2 + 1, c).
+                 offset: int = 0, lag0: int | None = None, recompute: bool | None = None,
+                 rebuild: Callable[[], torch.Tensor] | None = None, activate: bool = False,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-channel convolution of ``x`` (b, n, c) with a real kernel, given as real taps (L, c) whose row r holds
+    lag ``r - lag0`` (``lag0=None``: the whole circular layout (fft_len, c), lag m at slot m mod fft_len), or as the
+    rfft of that circular layout (fft_len // 2 + 1, c).
 
     With ``step=None`` the whole sequence is one FFT block (exact when the kernel's lags m satisfy
     n + |m| <= fft_len). Otherwise overlap-save: block j computes outputs ``j*step .. j*step + step - 1`` from the
     window of x starting at ``j*step - offset``; exact for kernels with lags in ``[offset + step - fft_len, offset]``.
-    Pass the layout when training: its FFT and the FFT of its gradient then run in cache-sized chunks.
+    Pass real taps when training: their FFT and the FFT of their gradient then run in cache-sized chunks.
+
+    ``recompute``: save only ``x`` and the real kernel for backward and recompute their spectra there (True), keep
+    the forward's spectra (False), or decide by size (None: recompute once the input spectra would exceed
+    ``RECOMPUTE_BYTES``). Outputs and gradients are the same either way. ``rebuild``, when recomputing: a function
+    returning the real kernel's values again (without autograd), so that backward keeps no copy of the kernel either
+    (the dense kernel has as many rows as the input; its RPE costs little next to the FFTs).
+
+    ``activate``: ``x`` is a pre-activation and the convolution applies to ``silu(x) * mask[..., None]`` (``mask``
+    (b, n) or None), keeping only ``x`` for backward (the activation is recomputed there), where a separate silu
+    would keep ``x`` and the convolution its output.
     """
     n = x.shape[1]
     step = n if step is None else step
-    return _BlockConvolution.apply(x.contiguous(), kernel, fft_len, step, offset)
+    if lag0 is None:
+        lag0 = 0
+        if not kernel.is_complex() and kernel.shape[0] != fft_len:
+            raise ValueError(f"kernel: a circular layout needs fft_len={fft_len} rows, got {kernel.shape[0]}; "
+                             "pass lag0 for compact taps")
+    if not kernel.is_complex() and not (0 <= lag0 < kernel.shape[0] <= fft_len):
+        raise ValueError(f"lag0: must lie in [0, rows) for a kernel of at most fft_len={fft_len} rows, got "
+                         f"lag0={lag0} for {kernel.shape[0]} rows")
+    if recompute is None:
+        blocks = -(-n // step)
+        recompute = x.shape[0] * blocks * (fft_len // 2 + 1) * x.shape[2] * 2 * x.element_size() > RECOMPUTE_BYTES
+    return _BlockConvolution.apply(x.contiguous(), kernel, fft_len, step, offset, lag0, bool(recompute), rebuild,
+                                   activate, mask)
+
+
+def _activation(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``silu(pre) * mask[..., None]``, the GTU's mixer input, with the same operations as the GTU."""
+    x = F.silu(pre)
+    return x if mask is None else x * mask[..., None].to(x.dtype)
+
+
+class _SiluGate(torch.autograd.Function):
+    """``silu(pre) * mixed``, keeping ``pre`` and ``mixed`` for backward (``silu(pre)`` is recomputed there), where
+    a separate silu and product would keep ``pre``, ``silu(pre)`` and ``mixed``."""
+
+    @staticmethod
+    def forward(ctx, pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(pre, mixed)
+        return F.silu(pre) * mixed
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        pre, mixed = ctx.saved_tensors
+        grad_pre = torch.ops.aten.silu_backward(grad * mixed, pre) if ctx.needs_input_grad[0] else None
+        grad_mixed = grad * F.silu(pre) if ctx.needs_input_grad[1] else None
+        return grad_pre, grad_mixed
 
 
 def tracing() -> bool:
@@ -224,6 +347,9 @@ class TokenMixer(nn.Module):
         self.causal = causal
         self._eval_cache: dict[Hashable, Any] = {}
         self._eval_cache_version: tuple = ()
+        # What the FFT convolution keeps for backward (see fft_convolve): None decides by size, True saves only the
+        # real inputs and recomputes their spectra, False keeps the spectra.
+        self.recompute_spectra: bool | None = None
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         dtype = compute_dtype(x.dtype)
@@ -233,6 +359,26 @@ class TokenMixer(nn.Module):
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
+
+    # Mixers whose mix() takes ``activate=True``: x is then the GTU's pre-activation, and the mixer convolves
+    # silu(x) * mask itself (see fft_convolve's ``activate``).
+    fuses_activation = False
+
+    def gated_mix(self, u_pre: torch.Tensor, v_pre: torch.Tensor,
+                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The GTU's ``silu(u_pre) * self(silu(v_pre) * mask)`` (mask: ``attention_mask`` (b, n) or None), with the
+        same values and gradients, keeping less for backward when gradients flow: ``u_pre``, ``v_pre`` and the
+        mixer's output instead of also ``silu(u_pre)`` and the mixer's input (the silus are recomputed in backward;
+        two activation-sized tensors fewer per layer)."""
+        dtype = compute_dtype(v_pre.dtype)
+        grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
+        if grad and self.fuses_activation and v_pre.dtype == dtype:
+            with torch.autocast(device_type=v_pre.device.type, enabled=False):
+                mixed = self.mix(v_pre, attention_mask, activate=True)
+        else:
+            mixed = self(_activation(v_pre, attention_mask), attention_mask)
+        mixed = mixed.to(u_pre.dtype)
+        return _SiluGate.apply(u_pre, mixed) if grad else F.silu(u_pre) * mixed
 
     # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------
 

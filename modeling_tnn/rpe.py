@@ -5,17 +5,51 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.func import functional_call
+
+from .mixer_base import tracing
+
+
+class _SimpleRMSNormFunction(torch.autograd.Function):
+    """``y = x / (r + eps)`` with ``r = rms(x)``, saving the output and ``r`` only (not the input).
+
+    With ``s = r + eps``: ``dL/dx = (g - y * sum(g * y) * s / (d * r)) / s`` over the last dimension (d entries), so
+    the input need not stay alive for backward: in a residual network the norm's input is the residual stream, which
+    nothing else saves, and its output is saved by the next Linear anyway. At ``r = 0`` (an all-zero row) the
+    second term vanishes with ``y``: the gradient is ``g / eps``, the limit the formula has there.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
+        rms = x.pow(2).mean(dim=-1, keepdim=True).sqrt()
+        y = x / (rms + eps)
+        ctx.save_for_backward(y, rms)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        y, rms = ctx.saved_tensors
+        scale = rms + ctx.eps
+        ratio = torch.where(rms > 0, scale / (rms * y.shape[-1]), torch.zeros_like(rms))
+        projection = (grad * y).sum(dim=-1, keepdim=True).mul_(ratio)
+        return (grad - y * projection).div_(scale), None
 
 
 class SimpleRMSNorm(nn.Module):
-    """``x / (rms(x) + eps)`` over the last dimension, with no learnable parameters (the eps is outside the sqrt)."""
+    """``x / (rms(x) + eps)`` over the last dimension, with no learnable parameters (the eps is outside the sqrt).
+
+    When gradients flow it keeps its output for backward instead of its input (:class:`_SimpleRMSNormFunction`)."""
 
     def __init__(self, eps: float = 1e-8):
         super().__init__()
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad and not tracing():
+            return _SimpleRMSNormFunction.apply(x, self.eps)
         rms = x.pow(2).mean(dim=-1, keepdim=True).sqrt()
         return x / (rms + self.eps)
 

@@ -59,13 +59,31 @@ class DenseTno(TokenMixer):
         """rfft of the circulant embedding of the kernel (:meth:`layout`), (fft_len // 2 + 1, channels)."""
         return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
 
-    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    fuses_activation = True
+
+    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         n = x.shape[1]
         fft_len = fft_length(n)
+        # Training hands the convolution the n (causal) or 2n - 1 real coefficients themselves: it lays them out
+        # circularly chunk by chunk, and the kernel gradient comes back in the same compact shape.
         kernel = self.convolution_kernel(("spectrum", n, x.device, x.dtype),
-                                         lambda: self.layout(n, fft_len, x.device, x.dtype),
+                                         lambda: self.coefficients(n, x.device).to(x.dtype),
                                          lambda: self.spectrum(n, fft_len, x.device, x.dtype))
-        return fft_convolve(x, kernel, fft_len)
+        return fft_convolve(x, kernel, fft_len, lag0=0 if self.causal else n - 1, recompute=self.recompute_spectra,
+                            rebuild=None if kernel.is_complex() else self._rebuilder(n, x.device, x.dtype),
+                            activate=activate, mask=attention_mask if activate else None)
+
+    def _rebuilder(self, n: int, device: torch.device, dtype: torch.dtype):
+        """What the convolution's backward calls for the kernel instead of keeping it: the coefficients again,
+        refused if a parameter changed in place since the forward (the values would no longer be the same)."""
+        version = self._parameter_version()
+
+        def rebuild() -> torch.Tensor:
+            if self._parameter_version() != version:
+                raise RuntimeError("DenseTno: a parameter changed in place between forward and backward; the "
+                                   "kernel the backward rebuilds would differ from the forward's.")
+            return self.coefficients(n, device).to(dtype)
+        return rebuild
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         return self.coefficients(n, device)

@@ -103,15 +103,26 @@ class FdTno(TokenMixer):
             return self.response(device).to(dtype.to_complex())  # the RPE output is the spectrum: no kernel FFT
         return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
 
-    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    fuses_activation = True
+
+    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         fft_len, step, offset, taps = self.plan(x.shape[1])
         key = ("kernel", fft_len, taps, x.device, x.dtype)
         spectrum = lambda: self.spectrum(taps + 1, fft_len, x.device, x.dtype)  # noqa: E731
         if self._response_is_spectrum(taps + 1, fft_len):
             kernel = self.cached(key, spectrum)
         else:
-            kernel = self.convolution_kernel(key, lambda: self.layout(taps + 1, fft_len, x.device, x.dtype), spectrum)
-        return fft_convolve(x, kernel, fft_len, step, offset)
+            kernel = self.convolution_kernel(key, lambda: self.taps(taps, x.device, x.dtype), spectrum)
+        return fft_convolve(x, kernel, fft_len, step, offset, lag0=0 if self.causal else taps,
+                            recompute=self.recompute_spectra, activate=activate,
+                            mask=attention_mask if activate else None)
+
+    def taps(self, taps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The kernel's lags 0..taps (causal) or -taps..taps (bidirectional), (rows, c): what :meth:`layout` lays
+        out circularly, without the zeros."""
+        half = self.grid // 2
+        kernel = self.kernel(device).to(dtype)
+        return kernel[: taps + 1] if self.causal else kernel[half - taps: half + taps + 1]
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         kernel = self.kernel(device)[:n]

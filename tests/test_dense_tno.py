@@ -70,10 +70,11 @@ def test_float64_stays_float64():
 
 
 def test_eval_cache_reuses_and_invalidates(monkeypatch):
-    mixer = DenseTno(tiny_config(), channels=4)
+    mixer = DenseTno(tiny_config(causal=True), channels=4)
     calls = []
-    original = mixer.layout  # what both the training path and the memoised spectrum are computed from
-    monkeypatch.setattr(mixer, "layout", lambda n, *args: calls.append(n) or original(n, *args))
+    original = mixer.coefficients  # what both the training path and the memoised spectrum are computed from
+    monkeypatch.setattr(mixer, "coefficients", lambda n, *args: calls.append(n) or original(n, *args))
+    assert mixer.causal  # the causal layout is built from coefficients(n)
     x = torch.randn(1, 12, 4)
     mixer.eval()
     with torch.no_grad():

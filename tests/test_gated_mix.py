@@ -1,0 +1,96 @@
+"""TokenMixer.gated_mix: the GTU's silu(u) * mixer(silu(v) * mask) with less kept for backward, same values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modeling_tnn.modeling_tnn import build_token_mixer
+
+from conftest import tiny_config
+
+CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False), ("ski", False)]
+
+
+def composed(mixer, u_pre, v_pre, mask):
+    """What the GTU computes without gated_mix."""
+    v = F.silu(v_pre)
+    if mask is not None:
+        v = v * mask[..., None].to(v.dtype)
+    return F.silu(u_pre) * mixer(v, mask)
+
+
+def _inputs(dtype, n=40, channels=6, masked=True):
+    u_pre = torch.randn(2, n, channels, dtype=dtype, requires_grad=True)
+    v_pre = torch.randn(2, n, channels, dtype=dtype, requires_grad=True)
+    mask = None
+    if masked:
+        mask = torch.ones(2, n)
+        mask[1, -7:] = 0
+    return u_pre, v_pre, mask
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize(("kind", "causal"), CASES)
+def test_gated_mix_equals_the_composition(kind, causal, masked, recompute):
+    mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=8), 6).double()
+    mixer.recompute_spectra = recompute
+    u_pre, v_pre, mask = _inputs(torch.float64, masked=masked)
+    got = mixer.gated_mix(u_pre, v_pre, mask)
+    wanted = composed(mixer, u_pre, v_pre, mask)
+    torch.testing.assert_close(got, wanted, atol=1e-12, rtol=0)
+    grad = torch.randn_like(got)
+    inputs = [u_pre, v_pre, *mixer.parameters()]
+    for a, b in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(wanted, inputs, grad)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize(("kind", "causal"), [("dense", True), ("fd", False)])
+def test_gated_mix_gradcheck(kind, causal):
+    mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=4), 3).double()
+    mixer.recompute_spectra = True
+    u_pre, v_pre, mask = _inputs(torch.float64, n=11, channels=3)
+    assert torch.autograd.gradcheck(lambda u, v: mixer.gated_mix(u, v, mask), (u_pre, v_pre))
+
+
+@pytest.mark.parametrize("kind", ["dense", "fd"])
+def test_gated_mix_float32_is_bitwise_the_composition(kind):
+    mixer = build_token_mixer(tiny_config(kind, causal=True, fd_kernel_length=8), 6)
+    u_pre, v_pre, mask = _inputs(torch.float32)
+    torch.testing.assert_close(mixer.gated_mix(u_pre, v_pre, mask), composed(mixer, u_pre, v_pre, mask),
+                               atol=0, rtol=0)
+
+
+def _saved_bytes(function) -> int:
+    total = 0
+
+    def pack(tensor):
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        function()
+    return total
+
+
+@pytest.mark.parametrize(("kind", "causal"), [("dense", True), ("fd", True), ("ski", False)])
+def test_gated_mix_keeps_less(kind, causal):
+    """Two activation-sized tensors fewer for the FFT mixers (u's and the mixer input), one for SKI (u's)."""
+    mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=8), 16)
+    mixer.recompute_spectra = True
+    u_pre, v_pre, _ = _inputs(torch.float32, n=256, channels=16, masked=False)
+    activation = u_pre.numel() * 4
+    fused = _saved_bytes(lambda: mixer.gated_mix(u_pre, v_pre))
+    plain = _saved_bytes(lambda: composed(mixer, u_pre, v_pre, None))
+    assert plain - fused == (2 if mixer.fuses_activation else 1) * activation
+
+
+def test_gated_mix_without_grad_is_the_composition():
+    mixer = build_token_mixer(tiny_config("dense", causal=True), 6).eval()
+    u_pre, v_pre, mask = _inputs(torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(mixer.gated_mix(u_pre, v_pre, mask), composed(mixer, u_pre, v_pre, mask),
+                                   atol=0, rtol=0)

@@ -1,0 +1,39 @@
+"""SimpleRMSNorm's hand-written backward against autograd through its definition."""
+
+from __future__ import annotations
+
+import torch
+
+from modeling_tnn.rpe import SimpleRMSNorm
+
+
+def reference(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x / (x.pow(2).mean(dim=-1, keepdim=True).sqrt() + eps)
+
+
+def test_norm_gradients_equal_the_definition():
+    norm = SimpleRMSNorm()
+    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(norm, (x,))
+    grad = torch.randn(3, 5, 7, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(norm(x), x, grad)[0],
+                               torch.autograd.grad(reference(x, norm.eps), x, grad)[0], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(norm(x), reference(x, norm.eps), atol=0, rtol=0)
+
+
+def test_norm_saves_its_output_not_its_input():
+    x = torch.randn(4, 6, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = SimpleRMSNorm()(x)
+    assert any(t is y or t.data_ptr() == y.data_ptr() for t in saved)
+    assert not any(t.data_ptr() == x.data_ptr() for t in saved)
+
+
+def test_zero_rows_get_the_finite_limit():
+    """At an all-zero row the norm is x / eps to first order: the gradient is grad / eps (not NaN)."""
+    norm = SimpleRMSNorm(eps=1e-3)
+    x = torch.zeros(2, 4, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 4, dtype=torch.float64)
+    (got,) = torch.autograd.grad(norm(x), x, grad)
+    torch.testing.assert_close(got, grad / 1e-3)
