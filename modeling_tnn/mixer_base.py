@@ -367,18 +367,23 @@ class TokenMixer(nn.Module):
     def gated_mix(self, u_pre: torch.Tensor, v_pre: torch.Tensor,
                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The GTU's ``silu(u_pre) * self(silu(v_pre) * mask)`` (mask: ``attention_mask`` (b, n) or None), with the
-        same values and gradients, keeping less for backward when gradients flow: ``u_pre``, ``v_pre`` and the
-        mixer's output instead of also ``silu(u_pre)`` and the mixer's input (the silus are recomputed in backward;
-        two activation-sized tensors fewer per layer)."""
+        same values and gradients. When gradients flow and :attr:`recompute_spectra` asks for it (None: when the
+        activations exceed ``RECOMPUTE_BYTES / 2``), it keeps ``u_pre``, ``v_pre`` and the mixer's output for
+        backward instead of also ``silu(u_pre)`` and the mixer's input (the silus are recomputed there): two
+        activation-sized tensors fewer per layer for the FFT mixers, one for SKI."""
         dtype = compute_dtype(v_pre.dtype)
         grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
-        if grad and self.fuses_activation and v_pre.dtype == dtype:
+        # As the convolution's spectra: recomputing costs time (measured 5-10% of a mixer's forward + backward), so
+        # by default only activations as large as those the convolution recomputes for are left out.
+        lean = grad and (self.recompute_spectra if self.recompute_spectra is not None
+                         else 2 * v_pre.numel() * v_pre.element_size() > RECOMPUTE_BYTES)
+        if lean and self.fuses_activation and v_pre.dtype == dtype:
             with torch.autocast(device_type=v_pre.device.type, enabled=False):
                 mixed = self.mix(v_pre, attention_mask, activate=True)
         else:
             mixed = self(_activation(v_pre, attention_mask), attention_mask)
         mixed = mixed.to(u_pre.dtype)
-        return _SiluGate.apply(u_pre, mixed) if grad else F.silu(u_pre) * mixed
+        return _SiluGate.apply(u_pre, mixed) if lean else F.silu(u_pre) * mixed
 
     # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------
 

@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "lra: 1024,2048,4096)")
     parser.add_argument("--memory_lengths", default=None, help="peak-memory lengths (lm: 512,2048,8192,32768; "
                         "lra: 1024,2048,4096); empty for none")
+    parser.add_argument("--head_dim", type=int, default=None, help="width per attention head of the baselines "
+                        "(lm: 64; lra: 32, as the ListOps BERT baseline)")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per step: batch = max(1, tokens // n)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--families", default=None, help="comma list of the suite's families (causal,masked)")
@@ -79,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     lm = args.suite == "lm"
     args.preset = args.preset or ("small" if lm else "lra_listops")
     args.hidden_size = args.hidden_size or (256 if lm else None)
+    args.head_dim = args.head_dim or (64 if lm else 32)
     args.lengths = _ints(args.lengths if args.lengths is not None else ("64,128,512,2048,8192" if lm else
                                                                         "1024,2048,4096"))
     args.memory_lengths = _ints(args.memory_lengths if args.memory_lengths is not None else
@@ -131,10 +134,10 @@ def count(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> int:
 POSITION_TABLES = ("wpe", "position_embeddings", "token_type_embeddings")
 
 
-def baseline_config(kind: str, family: str, tnn, width: int, max_n: int):
+def baseline_config(kind: str, family: str, tnn, width: int, max_n: int, head_dim: int):
     """Config of a baseline with the TNN's width, depth and vocabulary and an MLP of ``width``."""
     d, layers, vocab = tnn.hidden_size, tnn.num_hidden_layers, tnn.vocab_size
-    heads = max(1, d // 64)
+    heads = max(1, d // head_dim)
     if kind == "gpt2":
         return GPT2Config(vocab_size=vocab, n_positions=max_n, n_embd=d, n_layer=layers, n_head=heads, n_inner=width,
                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
@@ -146,7 +149,8 @@ def baseline_config(kind: str, family: str, tnn, width: int, max_n: int):
     # BERT: its position table has max(2048, n) rows (the LRA baseline's 2048, longer where n needs it).
     config = BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
                         intermediate_size=width, max_position_embeddings=max(2048, max_n), hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, tie_word_embeddings=True, attn_implementation="sdpa")
+                        attention_probs_dropout_prob=0.0, tie_word_embeddings=True, attn_implementation="sdpa",
+                        type_vocab_size=1 if family == "classify" else 2)
     if family == "classify":
         config.num_labels = tnn.num_labels
     return config
@@ -157,11 +161,11 @@ BASELINE_CLASSES = {("gpt2", "causal"): GPT2LMHeadModel, ("llama", "causal"): Ll
 TNN_CLASSES = {"causal": TnnForCausalLM, "masked": TnnForMaskedLM, "classify": TnnForSequenceClassification}
 
 
-def matched_width(kind: str, family: str, tnn, target: int, max_n: int) -> int:
+def matched_width(kind: str, family: str, tnn, target: int, max_n: int, head_dim: int) -> int:
     """The baseline MLP width whose parameter count (position tables left out) is closest to ``target``."""
     def params(width: int) -> int:
         with torch.device("meta"):
-            return count(BASELINE_CLASSES[kind, family](baseline_config(kind, family, tnn, width, max_n)),
+            return count(BASELINE_CLASSES[kind, family](baseline_config(kind, family, tnn, width, max_n, head_dim)),
                          POSITION_TABLES)
     low, high = 1, 1 << 16
     while high - low > 1:
@@ -178,8 +182,8 @@ def build(args: argparse.Namespace, family: str, name: str, max_n: int) -> torch
         tnn = tnn_config(args, family, "dense")
         with torch.device("meta"):
             target = count(TNN_CLASSES[family](tnn))
-        width = matched_width(name, family, tnn, target, max_n)
-        model = BASELINE_CLASSES[name, family](baseline_config(name, family, tnn, width, max_n))
+        width = matched_width(name, family, tnn, target, max_n, args.head_dim)
+        model = BASELINE_CLASSES[name, family](baseline_config(name, family, tnn, width, max_n, args.head_dim))
     return model.train()
 
 

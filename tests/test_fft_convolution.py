@@ -164,3 +164,19 @@ def test_dense_recompute_refuses_a_parameter_changed_before_backward():
         mixer.rpe.out_proj.bias.add_(1.0)
     with pytest.raises(RuntimeError, match="changed in place"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_activated_input_is_silu_then_mask(recompute, masked):
+    """``activate=True`` convolves silu(x) * mask, with exact gradients through the activation."""
+    x = torch.randn(2, 9, 3, dtype=torch.float64, requires_grad=True)
+    taps = torch.randn(9, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1.0] * 9, [1.0] * 6 + [0.0] * 3], dtype=torch.float64) if masked else None
+
+    def convolve(a, k):
+        return fft_convolve(a, k, 18, lag0=0, recompute=recompute, activate=True, mask=mask)
+
+    activated = torch.nn.functional.silu(x) * (1 if mask is None else mask[..., None])
+    torch.testing.assert_close(convolve(x, taps), direct_convolution(activated, taps, 0), atol=1e-12, rtol=0)
+    assert torch.autograd.gradcheck(convolve, (x, taps))
