@@ -101,13 +101,13 @@ def _place_kernel(buffer: torch.Tensor, kernel: torch.Tensor, channels: slice, l
     return buffer
 
 
-def _gather_kernel_grad(circular: torch.Tensor, rows: int, lag0: int) -> torch.Tensor:
-    """The gradient (L, k) of the compact kernel from that of its circular layout (k, fft_len): the adjoint of
-    :func:`_place_kernel`."""
-    fft_len = circular.shape[1]
-    if not lag0:
-        return circular[:, :rows].t()
-    return torch.cat([circular[:, fft_len - lag0:], circular[:, : rows - lag0]], dim=1).t()
+def _gather_kernel_grad(out: torch.Tensor, circular: torch.Tensor, channels: slice, lag0: int) -> None:
+    """``out[:, channels]`` (L, c) <- the gradient of the compact kernel from that of its circular layout
+    (k, fft_len): the adjoint of :func:`_place_kernel`."""
+    fft_len, rows = circular.shape[1], out.shape[0]
+    out[lag0:, channels].copy_(circular[:, : rows - lag0].t())
+    if lag0:
+        out[:lag0, channels].copy_(circular[:, fft_len - lag0:].t())
 
 
 class _BlockConvolution(torch.autograd.Function):
@@ -186,6 +186,8 @@ class _BlockConvolution(torch.autograd.Function):
             if spectral:
                 grad_kernel = grad.new_empty((fft_len // 2 + 1, c), dtype=grad.dtype.to_complex())
                 weights = _onesided_weights(fft_len, grad.dtype, grad.device)
+            else:
+                grad_kernel = grad.new_empty(rows, c)
         if recompute:
             windows = grad.new_empty(b, chunk, blocks, fft_len) if need_kernel else None
             placed = None if spectral else grad.new_empty(chunk, fft_len)
@@ -195,7 +197,6 @@ class _BlockConvolution(torch.autograd.Function):
         spans = -(-fft_len // step)  # how many blocks of x one window overlaps
         if need_x and blocks > 1:
             summed = grad.new_empty(b, chunk, blocks + spans, step)
-        kernel_parts = []
         for index, start in enumerate(range(0, c, chunk)):
             channels = slice(start, min(c, start + chunk))
             k = channels.stop - start
@@ -219,7 +220,7 @@ class _BlockConvolution(torch.autograd.Function):
                 if spectral:
                     grad_kernel[:, channels] = (product * weights).t()
                 else:
-                    kernel_parts.append(_gather_kernel_grad(torch.fft.irfft(product, n=fft_len, dim=-1), rows, lag0))
+                    _gather_kernel_grad(grad_kernel, torch.fft.irfft(product, n=fft_len, dim=-1), channels, lag0)
             if need_x:
                 if recompute:
                     kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k])
@@ -237,8 +238,6 @@ class _BlockConvolution(torch.autograd.Function):
                         acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
                     source = acc.view(b, k, -1)[..., offset: offset + n]
                 grad_x[:, :, channels].copy_(source.transpose(1, 2))
-        if kernel_parts:
-            grad_kernel = torch.cat(kernel_parts, dim=1)
         if activate and need_x:  # back through x = silu(source) * mask, as autograd would
             if mask is not None:
                 grad_x.mul_(mask[..., None].to(grad_x.dtype))
