@@ -89,10 +89,28 @@ def _fill_windows(out: torch.Tensor, x: torch.Tensor, channels: slice, step: int
     return out
 
 
-def _place_kernel(buffer: torch.Tensor, kernel: torch.Tensor, channels: slice, lag0: int) -> torch.Tensor:
+def _staged(stage: torch.Tensor | None, source: torch.Tensor, channels: slice) -> tuple[torch.Tensor, slice]:
+    """``source[..., channels]`` as a contiguous tensor in the front of the flat buffer ``stage`` (row copies), and
+    the channels to read from it; ``source`` itself when ``stage`` is None.
+
+    The windows and kernel layouts read a channel chunk transposed. Straight out of the full width that read misses
+    cache on every element (one row of c channels apart); out of the contiguous chunk of k channels it streams:
+    measured 4x faster for the copy (8192 x 32 of 768 channels), which is most of it back from the FFTs' time.
+    """
+    if stage is None:
+        return source, channels
+    k = channels.stop - channels.start
+    shape = (*source.shape[:-1], k)
+    out = stage[: source[..., :1].numel() * k].view(shape)
+    return out.copy_(source[..., channels]), slice(0, k)
+
+
+def _place_kernel(buffer: torch.Tensor, kernel: torch.Tensor, channels: slice, lag0: int,
+                  stage: torch.Tensor | None = None) -> torch.Tensor:
     """``buffer`` (k, fft_len) <- the circular layout of ``kernel[:, channels]`` (L, c), whose row r holds lag
     ``r - lag0``: lag m at slot m mod fft_len, zero at the slots no row reaches."""
     fft_len, rows = buffer.shape[1], kernel.shape[0]
+    kernel, channels = _staged(stage, kernel, channels)
     taps = kernel[:, channels].t()
     buffer[:, : rows - lag0].copy_(taps[:, lag0:])
     buffer[:, rows - lag0: fft_len - lag0].zero_()
@@ -135,14 +153,15 @@ class _BlockConvolution(torch.autograd.Function):
         windows = x.new_empty(b, chunk, blocks, fft_len)
         spectral = kernel.is_complex()
         placed = None if spectral else x.new_empty(chunk, fft_len)
+        stage = x.new_empty(max(b * n, kernel.shape[0]) * chunk) if chunk < c else None
         y = x.new_empty(b, n, c)
         keep = ctx.needs_input_grad[1] and not recompute  # the input spectra, for the kernel gradient
         input_spectra, kernel_spectra = [], []
         for start in range(0, c, chunk):
             channels = slice(start, min(c, start + chunk))
             k = channels.stop - start
-            kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k])
-            x_f = torch.fft.rfft(_fill_windows(windows[:, :k], x, channels, step, offset), dim=-1)
+            kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k], stage)
+            x_f = torch.fft.rfft(_fill_windows(windows[:, :k], *_staged(stage, x, channels), step, offset), dim=-1)
             if keep:
                 input_spectra.append(x_f)
                 y_f = x_f * kernel_f[:, None]
@@ -193,6 +212,7 @@ class _BlockConvolution(torch.autograd.Function):
             placed = None if spectral else grad.new_empty(chunk, fft_len)
         # Each window's output gradient sits at slots offset .. offset + step - 1, zero elsewhere.
         padded = grad.new_zeros(b, chunk, blocks, fft_len)
+        stage = grad.new_empty(max(b * n, rows) * chunk) if chunk < c else None
         whole, rest = divmod(n, step)
         spans = -(-fft_len // step)  # how many blocks of x one window overlaps
         if need_x and blocks > 1:
@@ -200,7 +220,8 @@ class _BlockConvolution(torch.autograd.Function):
         for index, start in enumerate(range(0, c, chunk)):
             channels = slice(start, min(c, start + chunk))
             k = channels.stop - start
-            g = grad[:, :, channels].transpose(1, 2)                                   # (b, k, n)
+            g, inside = _staged(stage, grad, channels)
+            g = g[:, :, inside].transpose(1, 2)                                        # (b, k, n)
             slots = padded[:, :k, :, offset: offset + step]
             if whole:
                 slots[:, :, :whole].copy_(g[..., : whole * step].reshape(b, k, whole, step))
@@ -212,7 +233,8 @@ class _BlockConvolution(torch.autograd.Function):
                 # (reducing dims 0 and 2 at once is slow). Its irfft is the gradient of the time-domain kernel; the
                 # spectrum's (PyTorch's convention for complex inputs) weighs each bin as irfft counts it.
                 if recompute:
-                    x_f = torch.fft.rfft(_fill_windows(windows[:, :k], x, channels, step, offset), dim=-1)
+                    x_f = torch.fft.rfft(_fill_windows(windows[:, :k], *_staged(stage, x, channels), step, offset),
+                                         dim=-1)
                     product = x_f.conj_physical_().mul_(g_f)
                 else:
                     product = input_spectra[index].conj_physical().mul_(g_f)
@@ -223,7 +245,7 @@ class _BlockConvolution(torch.autograd.Function):
                     _gather_kernel_grad(grad_kernel, torch.fft.irfft(product, n=fft_len, dim=-1), channels, lag0)
             if need_x:
                 if recompute:
-                    kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k])
+                    kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k], stage)
                 else:
                     kernel_f = kernel[:, channels].t() if spectral else kernel_spectra[index]
                 # The adjoint of a convolution is the correlation with the same kernel: multiply by conj(K).
@@ -245,13 +267,13 @@ class _BlockConvolution(torch.autograd.Function):
         return grad_x, grad_kernel, None, None, None, None, None, None, None, None
 
 
-def _chunk_spectrum(kernel: torch.Tensor, channels: slice, lag0: int = 0,
-                    placed: torch.Tensor | None = None) -> torch.Tensor:
+def _chunk_spectrum(kernel: torch.Tensor, channels: slice, lag0: int = 0, placed: torch.Tensor | None = None,
+                    stage: torch.Tensor | None = None) -> torch.Tensor:
     """The spectrum (k, F) of some channels of a kernel given as a spectrum (F, c) or as real taps (L, c) whose
     row r holds lag ``r - lag0``, laid out circularly in ``placed`` (k, fft_len)."""
     if kernel.is_complex():
         return kernel[:, channels].t().contiguous()
-    return torch.fft.rfft(_place_kernel(placed, kernel, channels, lag0), dim=-1)
+    return torch.fft.rfft(_place_kernel(placed, kernel, channels, lag0, stage), dim=-1)
 
 
 # Saved input spectra above this many bytes are recomputed in backward instead (``recompute=None``): below it the

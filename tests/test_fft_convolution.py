@@ -180,3 +180,22 @@ def test_activated_input_is_silu_then_mask(recompute, masked):
     activated = torch.nn.functional.silu(x) * (1 if mask is None else mask[..., None])
     torch.testing.assert_close(convolve(x, taps), direct_convolution(activated, taps, 0), atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(convolve, (x, taps))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize(("n", "fft_len", "step", "offset", "rows", "lag0"), CASES[1::2])
+def test_channel_chunks_are_exact(monkeypatch, n, fft_len, step, offset, rows, lag0, recompute):
+    """40 channels in chunks of 16, 16 and 8 (each staged contiguously before its transposed reads)."""
+    monkeypatch.setattr(mixer_base, "CHUNK_ELEMENTS", 1)
+    x = torch.randn(2, n, 40, dtype=torch.float64, requires_grad=True)
+    taps = torch.randn(rows, 40, dtype=torch.float64, requires_grad=True)
+    assert mixer_base._chunk_channels(x, 2 * fft_len) == 16
+
+    def convolve(a, k):
+        return fft_convolve(a, k, fft_len, step, offset, lag0=lag0, recompute=recompute)
+
+    torch.testing.assert_close(convolve(x, taps), direct_convolution(x, taps, lag0), atol=1e-12, rtol=0)
+    assert torch.autograd.gradcheck(convolve, (x, taps), fast_mode=True)
+    spectrum = torch.fft.rfft(torch.randn(fft_len, 40, dtype=torch.float64), dim=0).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, k: fft_convolve(a, k, fft_len, step, offset, recompute=recompute),
+                                    (x, spectrum), fast_mode=True)
