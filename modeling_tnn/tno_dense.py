@@ -26,6 +26,8 @@ class DenseTno(TokenMixer):
         self.gamma = float(config.decay_gamma)
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels)
         self._traced_support: int | None = None
+        # A config field `fft_recompute` (True / False / None), where the config defines one, sets what training keeps.
+        self.recompute_spectra = getattr(config, "fft_recompute", None)
 
     def rpe_values(self, lags: torch.Tensor) -> torch.Tensor:
         """The pre-decay kernel ``RPE(k)`` at integer ``lags`` (L,) -> (L, channels)."""

@@ -43,6 +43,8 @@ class FdTno(TokenMixer):
         super().__init__(channels, causal=bool(config.causal))
         self.grid = 2 * config.fd_kernel_length
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels if self.causal else 2 * channels)
+        # A config field `fft_recompute` (True / False / None), where the config defines one, sets what training keeps.
+        self.recompute_spectra = getattr(config, "fft_recompute", None)
 
     def frequencies(self, device: torch.device) -> torch.Tensor:
         return torch.linspace(0, math.pi, self.grid // 2 + 1, device=device)
