@@ -391,7 +391,7 @@ class TokenMixer(nn.Module):
         same values and gradients. When gradients flow and :attr:`recompute_spectra` asks for it (None: when the
         activations exceed ``RECOMPUTE_BYTES / 2``), it keeps ``u_pre``, ``v_pre`` and the mixer's output for
         backward instead of also ``silu(u_pre)`` and the mixer's input (the silus are recomputed there): two
-        activation-sized tensors fewer per layer for the FFT mixers, one for SKI."""
+        activation-sized tensors fewer per layer (mixers without ``fuses_activation`` save only the first)."""
         dtype = compute_dtype(v_pre.dtype)
         grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
         # As the convolution's spectra: recomputing costs time (measured 5-10% of a mixer's forward + backward), so

@@ -18,7 +18,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer
+from .mixer_base import TokenMixer, _activation
 from .rpe import Rpe
 
 # Rows of the sequence per step of the band's weight gradient: its (kernel_size, rows, channels) accumulator stays
@@ -85,20 +85,26 @@ class _SparsePlusLowRank(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, band: torch.Tensor, weights: torch.Tensor | None,
-                toeplitz: torch.Tensor | None) -> torch.Tensor:
+                toeplitz: torch.Tensor | None, activate: bool = False, mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        pre = x
+        if activate:  # x is the GTU's pre-activation: mix silu(x) * mask, keep x alone (see mixer_base)
+            x = _activation(pre, mask)
         y = _depthwise(x, band)
         inducing = None
         if toeplitz is not None:
             inducing = torch.bmm(weights.transpose(1, 2), x)                                # (b, r, c)
             y.baddbmm_(weights, _toeplitz_product(toeplitz, inducing))
-        ctx.save_for_backward(x, band, weights, toeplitz, inducing)
+        ctx.save_for_backward(pre, band, weights, toeplitz, inducing, mask)
+        ctx.activate = activate
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        x, band, weights, toeplitz, inducing = ctx.saved_tensors
-        need_x, need_band, _, need_toeplitz = ctx.needs_input_grad
+        pre, band, weights, toeplitz, inducing, mask = ctx.saved_tensors
+        need_x, need_band, _, need_toeplitz = ctx.needs_input_grad[:4]
+        x = _activation(pre, mask) if ctx.activate and need_band else pre
         grad = grad.contiguous()
         grad_x = _depthwise(grad, band.flip(1)) if need_x else None
         grad_band = _band_weight_grad(grad, x, band.shape[1]) if need_band else None
@@ -109,7 +115,11 @@ class _SparsePlusLowRank(torch.autograd.Function):
                 grad_toeplitz = grad_mixed.transpose(1, 2).unsqueeze(-1) * inducing.transpose(1, 2).unsqueeze(-2)
             if need_x:
                 grad_x.baddbmm_(weights, _toeplitz_product(toeplitz.transpose(-1, -2), grad_mixed))
-        return grad_x, grad_band, None, grad_toeplitz
+        if ctx.activate and need_x:  # back through x = silu(pre) * mask
+            if mask is not None:
+                grad_x.mul_(mask[..., None].to(grad_x.dtype))
+            grad_x = torch.ops.aten.silu_backward(grad_x, pre)
+        return grad_x, grad_band, None, grad_toeplitz, None, None
 
 
 def interpolation_weights(lengths: torch.Tensor, n: int, rank: int, dtype: torch.dtype,
@@ -188,6 +198,9 @@ class SkiTno(TokenMixer):
         z = torch.bmm(weights.transpose(1, 2), x)                                      # (b, r, c)
         return torch.bmm(weights, _toeplitz_product(k_r, z))
 
-    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    fuses_activation = True
+
+    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         weights, k_r = self.low_rank_factors(x, attention_mask)
-        return _SparsePlusLowRank.apply(x.contiguous(), self.band.to(x.dtype), weights, k_r)
+        return _SparsePlusLowRank.apply(x.contiguous(), self.band.to(x.dtype), weights, k_r, activate,
+                                        attention_mask if activate else None)

@@ -28,6 +28,7 @@ import argparse
 import gc
 import json
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     text = render(args, counts, speed, peaks)
     print(text)
-    command = "python run_scripts/bench_training.py " + " ".join(argv)
+    command = shlex.join(["python", "run_scripts/bench_training.py", *argv])
     (args.output_dir / "table.md").write_text(text + f"\nReproduce: `{command}`\n")
     (args.output_dir / "results.json").write_text(json.dumps(dict(
         command=command, suite=args.suite, preset=args.preset, fused_gtu=args.fused_gtu, hidden_size=args.hidden_size, tokens=args.tokens,
