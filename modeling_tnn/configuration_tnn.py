@@ -22,7 +22,7 @@ VALIDATED_FIELDS = frozenset({
     "vocab_size", "hidden_size", "num_hidden_layers", "gtu_expand_ratio", "glu_expand_ratio", "rpe_dim",
     "rpe_layers", "decay_gamma", "token_mixer", "causal", "ski_rank", "ski_kernel_size", "fd_kernel_length",
     "etsc_length", "generation_cache", "dropout", "initializer_range", "norm_placement", "embedding_layer_norm",
-    "scale_embeddings", "final_norm", "classifier_pooling",
+    "scale_embeddings", "final_norm", "classifier_pooling", "fft_recompute",
 })
 # Set while a batch of assignments is applied (from_dict's kwargs, update): the batch is validated as a whole once
 # it is complete, so that an order such as token_mixer="ski" before causal=False is not refused half-way.
@@ -91,6 +91,10 @@ class TnnConfig(PretrainedConfig):
             the last real token for a causal model, the mean over the real (non-padded) tokens for a bidirectional
             one. ``"mean"``: the mean over the real tokens whatever the direction (the BLM's and the LRA models'
             pooling). ``"last"``: the last real token whatever the direction.
+        fft_recompute: What the mixers' FFT convolution keeps for backward in training. ``None`` (default): decide
+            by size (recompute the spectra once they would exceed 64 MB a layer). ``True``: keep only the real
+            inputs and recompute the spectra (and the dense kernel) in backward, least memory, two FFTs more per
+            channel chunk. ``False``: keep the forward's spectra. Outputs and gradients are the same either way.
     """
 
     model_type = "tnn"
@@ -121,6 +125,7 @@ class TnnConfig(PretrainedConfig):
         scale_embeddings: bool = True,
         final_norm: str = "layernorm",
         classifier_pooling: str = "auto",
+        fft_recompute: bool | None = None,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
@@ -150,6 +155,7 @@ class TnnConfig(PretrainedConfig):
         self.scale_embeddings = scale_embeddings
         self.final_norm = final_norm
         self.classifier_pooling = classifier_pooling
+        self.fft_recompute = fft_recompute
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -252,6 +258,8 @@ class TnnConfig(PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"TnnConfig.{name} must be True or False, got {value!r}.")
+        if self.fft_recompute is not None and not isinstance(self.fft_recompute, bool):
+            raise ValueError(f"TnnConfig.fft_recompute must be None, True or False, got {self.fft_recompute!r}.")
         if self.causal is True and self.token_mixer == "ski":
             raise ValueError(self._causal_ski_message())
 

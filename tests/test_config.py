@@ -220,7 +220,8 @@ def test_every_config_path_validates(saved_lm, path, field, value, message):
                                           ("dropout", -0.1), ("initializer_range", -1.0), ("causal", 1),
                                           ("hidden_size", 2.0), ("rpe_layers", -1),
                                           ("embedding_layer_norm", "yes"), ("scale_embeddings", 1),
-                                          ("norm_placement", None), ("final_norm", ["none"])])
+                                          ("norm_placement", None), ("final_norm", ["none"]),
+                                          ("fft_recompute", "auto"), ("fft_recompute", 1)])
 def test_odd_values_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"TnnConfig.{field} must"):
         TnnConfig(**{field: value})
@@ -297,3 +298,11 @@ def test_remote_code_validates_configs_and_inputs(saved_lm, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value", [None, True, False])
+def test_fft_recompute_reaches_every_mixer(value):
+    """config.fft_recompute sets what each mixer's FFT convolution keeps for backward (None: by size)."""
+    for mixer in ("dense", "fd", "ski"):
+        model = TnnModel(tiny_config(mixer, causal=False, fft_recompute=value))
+        assert {layer.gtu.token_mixer.recompute_spectra for layer in model.layers} == {value}
