@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -186,5 +187,9 @@ def test_training_script_smoke(tmp_path, model):
     assert saved["run_model"] == model and saved["run_steps"] == 2 and 0 <= saved["test_accuracy"] <= 1
     assert saved["run_parameters"] == results["run_parameters"] > 0
     assert (out / "learning_curve.png").stat().st_size > 0
-    summary = summarize_runs([out], tmp_path / "summary")
+    summary = summarize_runs([out], tmp_path / "summary", data)
     assert f"| {model} |" in summary["table"] and (tmp_path / "summary" / "learning_curves.png").is_file()
+    train, test = read_tsv(split_file(data, "train")), read_tsv(split_file(data, "test"))
+    top = Counter(target for _, target in train).most_common(1)[0][0]
+    assert summary["majority_class_test_accuracy"] == sum(t == top for _, t in test) / len(test)
+    assert "| majority class" in summary["table"]

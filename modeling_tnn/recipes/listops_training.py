@@ -173,9 +173,24 @@ def machine_load() -> dict[str, float]:
     return {"load_avg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count() or 0}
 
 
-def summarize_runs(run_dirs: Sequence[str | Path], output_dir: str | Path) -> dict:
+def majority_class_accuracy(data_dir: str | Path, train_rows: int | None = None) -> float:
+    """Test accuracy of always predicting the most common class of the (first ``train_rows``) training rows: what a
+    model that learned only the label prior scores."""
+    from collections import Counter
+
+    from .listops_data import read_tsv, split_file
+
+    train = read_tsv(split_file(data_dir, "train"))[:train_rows]
+    test = read_tsv(split_file(data_dir, "test"))
+    majority = Counter(target for _, target in train).most_common(1)[0][0]
+    return sum(target == majority for _, target in test) / len(test)
+
+
+def summarize_runs(run_dirs: Sequence[str | Path], output_dir: str | Path, data_dir: str | Path | None = None
+                   ) -> dict:
     """Collect ``all_results.json`` and the learning curves of several runs into ``listops_results.{json,md}``
-    and ``learning_curves.png`` under ``output_dir``."""
+    and ``learning_curves.png`` under ``output_dir``; with ``data_dir``, a last row gives the majority-class
+    accuracy on its test split (the training rows' most common class, the first run's row count)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     rows, plots = [], {}
@@ -189,13 +204,19 @@ def summarize_runs(run_dirs: Sequence[str | Path], output_dir: str | Path) -> di
              "(of it periodic val) | load avg (1 min) at start / end |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         r, c = row["results"], row["curves"]
-        best = max(zip(c["accuracy"], c["accuracy_steps"]), default=(float("nan"), 0))
+        best = max(zip(c["accuracy"], [-step for step in c["accuracy_steps"]]), default=(float("nan"), 0))
+        best = (best[0], -best[1])  # the first step that reached the best accuracy
         lines.append(
             f"| {row['model']} | {r['run_parameters']:,} | {100 * r['test_accuracy']:.2f} | {100 * best[0]:.2f} "
             f"({best[1]}) | {r['run_steps']} | {r['run_batch']} | {r['train_runtime'] / 60:.1f} min "
             f"({r['run_periodic_eval_seconds'] / 60:.1f} min) | {r['run_load_start']:.2f} / {r['run_load_end']:.2f} |")
+    summary: dict = {"runs": rows}
+    if data_dir is not None and rows:
+        majority = majority_class_accuracy(data_dir, rows[0]["results"].get("run_train_rows"))
+        summary["majority_class_test_accuracy"] = majority
+        lines.append(f"| majority class (no model) | 0 | {100 * majority:.2f} | | | | | |")
     table = "\n".join(lines) + "\n"
     (output_dir / "listops_results.md").write_text(table)
-    (output_dir / "listops_results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (output_dir / "listops_results.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_learning_curves(plots, output_dir / "learning_curves.png")
-    return {"table": table, "rows": rows}
+    return {"table": table, **summary}
