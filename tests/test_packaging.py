@@ -83,4 +83,4 @@ def test_small_preset_states_its_parameter_count():
     description = json.loads((PROJECT_ROOT / "configuration" / "small.json").read_text())["_description"]
     assert f"{causal:,} parameters as a causal LM" in description
     row = next(line for line in (PROJECT_ROOT / "README.md").read_text().splitlines() if line.startswith("| `small` |"))
-    assert f"{causal:,} parameters as a causal LM" in row and f"{masked:,} as a masked LM" in row
+    assert f"{causal:,} (causal LM" in row and f"{masked:,} as a masked LM" in row
