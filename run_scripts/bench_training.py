@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fused_gtu", action="store_true",
                         help="run the GTU through TokenMixer.gated_mix (the proposed one-line Gtu.forward change: "
                         "same values and gradients, two activations fewer kept per layer); applied in this process")
+    parser.add_argument("--replot", default=None, help="redraw training.png from this folder's results.json")
     parser.add_argument("--memory_worker", default=None, help=argparse.SUPPRESS)  # "family:model:n:batch"
     args = parser.parse_args(argv)
     lm = args.suite == "lm"
@@ -373,6 +374,9 @@ def render(args, counts, speed, peaks) -> str:
     return "\n".join(lines) + "\n"
 
 
+REFERENCE = {"causal": "llama", "masked": "bert", "classify": "bert"}
+
+
 def plot(args, speed, peaks, path: Path) -> None:
     import matplotlib
 
@@ -386,15 +390,20 @@ def plot(args, speed, peaks, path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (family, what) in zip(axes[0], panels):
         rows = [r for r in (speed if what == "speed" else peaks) if r["family"] == family and "failed" not in r]
+        # Speed as a ratio to the family's attention baseline, measured within the same interleaved rounds (the
+        # absolute rate follows the load of a shared machine from one length to the next; the ratio does not).
+        reference = REFERENCE[family]
+        base = {r["n"]: r["median_s"] for r in rows if r["model"] == reference} if what == "speed" else {}
         for name in dict.fromkeys(r["model"] for r in rows):
-            mine = sorted((r for r in rows if r["model"] == name), key=lambda r: r["n"])
-            values = [r["tokens_per_s"] if what == "speed" else r["step_peak_mb"] for r in mine]
+            mine = sorted((r for r in rows if r["model"] == name and (what != "speed" or r["n"] in base)),
+                          key=lambda r: r["n"])
+            values = [base[r["n"]] / r["median_s"] if what == "speed" else r["step_peak_mb"] for r in mine]
             ax.plot([r["n"] for r in mine], values, marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length n")
-        ax.set_ylabel("training tokens / s" if what == "speed" else "peak MB of one step")
-        ax.set_title(f"{family}: {'throughput' if what == 'speed' else 'peak memory'}")
+        ax.set_ylabel(f"training speed / {reference}'s" if what == "speed" else "peak MB of one step")
+        ax.set_title(f"{family}: {'speed' if what == 'speed' else 'peak memory'}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle(f"Training step (fwd + bwd + AdamW), one thread, {args.tokens} tokens per step")
@@ -426,6 +435,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.profile:
         profile(args)
+        return
+    if args.replot:
+        folder = Path(args.replot)
+        saved = json.loads((folder / "results.json").read_text())
+        args.tokens = saved["tokens"]
+        args.families = list(dict.fromkeys(r["family"] for r in saved["throughput"] + saved["memory"]))
+        plot(args, saved["throughput"], saved["memory"], folder / "training.png")
         return
     max_n = max(args.lengths + args.memory_lengths)
     counts = {}
