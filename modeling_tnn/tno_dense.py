@@ -72,7 +72,8 @@ class DenseTno(TokenMixer):
                                          lambda: self.coefficients(n, x.device).to(x.dtype),
                                          lambda: self.spectrum(n, fft_len, x.device, x.dtype))
         return fft_convolve(x, kernel, fft_len, lag0=0 if self.causal else n - 1, recompute=self.recompute_spectra,
-                            rebuild=None if kernel.is_complex() else self._rebuilder(n, x.device, x.dtype),
+                            rebuild=self._rebuilder(n, x.device, x.dtype) if kernel.requires_grad and not tracing()
+                            else None,
                             activate=activate, mask=attention_mask if activate else None)
 
     def _rebuilder(self, n: int, device: torch.device, dtype: torch.dtype):
