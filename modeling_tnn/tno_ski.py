@@ -18,7 +18,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, _activation
+from .mixer_base import TokenMixer, _activation, tracing
 from .rpe import Rpe
 
 # Rows of the sequence per step of the band's weight gradient: its (kernel_size, rows, channels) accumulator stays
@@ -111,7 +111,9 @@ class _SparsePlusLowRank(torch.autograd.Function):
         grad_toeplitz = None
         if toeplitz is not None and (need_x or need_toeplitz):
             grad_mixed = torch.bmm(weights.transpose(1, 2), grad)                             # (b, r, c)
-            if need_toeplitz:
+            if need_toeplitz and toeplitz.shape[0] == 1 < grad_mixed.shape[0]:  # one K_r shared by the batch
+                grad_toeplitz = torch.einsum("bic,bjc->cij", grad_mixed, inducing)[None]
+            elif need_toeplitz:
                 grad_toeplitz = grad_mixed.transpose(1, 2).unsqueeze(-1) * inducing.transpose(1, 2).unsqueeze(-2)
             if need_x:
                 grad_x.baddbmm_(weights, _toeplitz_product(toeplitz.transpose(-1, -2), grad_mixed))
@@ -165,19 +167,24 @@ class SkiTno(TokenMixer):
         """Centred depthwise convolution along the sequence, (b, n, c) -> (b, n, c)."""
         return _SparsePlusLowRank.apply(x.contiguous(), self.band.to(x.dtype), None, None)
 
-    def inducing_kernel(self, lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Kernel at the inducing lags ``(-(r-1)..r-1) * spacing`` of each row, (b, 2r - 1, c)."""
+    def inducing_kernel(self, lengths: torch.Tensor, dtype: torch.dtype, shared: bool = False) -> torch.Tensor:
+        """Kernel at the inducing lags ``(-(r-1)..r-1) * spacing`` of each row, (b, 2r - 1, c); with ``shared``, one
+        (1, 2r - 1, c) for the whole batch where every row has the same length."""
         unique, inverse = torch.unique(lengths, return_inverse=True)
         spacing = (unique.to(dtype) - 1).clamp(min=0) / (self.rank - 1)
         steps = torch.arange(-(self.rank - 1), self.rank, device=lengths.device, dtype=dtype)
         lags = spacing[:, None] * steps[None, :]                                       # (u, 2r - 1)
         values = self.rpe(lags.reshape(-1)).to(dtype).view(*lags.shape, self.channels)
         values = values * (self.gamma ** lags.abs())[..., None]
+        if shared and not tracing() and unique.shape[0] == 1:
+            return values
         return values[inverse]
 
     def low_rank_factors(self, x: torch.Tensor, attention_mask: torch.Tensor | None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``W`` (b, n, r) and ``K_r`` (b, c, r, r), with each row's inducing grid spanning its real tokens."""
+        """``W`` (b, n, r) and ``K_r`` (b, c, r, r), with each row's inducing grid spanning its real tokens; K_r is
+        (1, c, r, r), shared, when every row has the same length (a batch of b copies would cost b * c * r * r
+        values: 400 MB at b = 128, 768 channels, rank 32)."""
         b, n, _ = x.shape
         if attention_mask is None:
             lengths = torch.full((b,), n, device=x.device, dtype=torch.long)
@@ -187,7 +194,7 @@ class SkiTno(TokenMixer):
             lengths = mask.sum(dim=1)
             offsets = mask.to(torch.int8).argmax(dim=1)  # first real slot: left padding works too
         weights = interpolation_weights(lengths, n, self.rank, x.dtype, offsets)       # (b, n, r)
-        kernel = self.inducing_kernel(lengths, x.dtype)                                # (b, 2r - 1, c)
+        kernel = self.inducing_kernel(lengths, x.dtype, shared=True)                   # (b or 1, 2r - 1, c)
         r = self.rank
         toeplitz_index = torch.arange(r, device=x.device)[:, None] - torch.arange(r, device=x.device)[None, :]
         return weights, kernel.transpose(1, 2)[..., toeplitz_index + r - 1]

@@ -154,3 +154,18 @@ def test_ski_mixer_is_band_plus_low_rank_with_exact_gradients():
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
     assert torch.autograd.gradcheck(lambda a: mixer(a, None), (torch.randn(1, 19, 3, dtype=torch.float64,
                                                                            requires_grad=True),), fast_mode=True)
+
+
+def test_ski_shared_inducing_kernel_gradients_equal_per_row():
+    """A batch of equal lengths shares one K_r (1, c, r, r): outputs and gradients equal those of each row alone."""
+    mixer = SkiTno(tiny_config("ski", ski_rank=6, ski_kernel_size=5), 4).double()
+    x = torch.randn(3, 20, 4, dtype=torch.float64, requires_grad=True)
+    weights, k_r = mixer.low_rank_factors(x, None)
+    assert k_r.shape[0] == 1
+    grad = torch.randn(3, 20, 4, dtype=torch.float64)
+    params = list(mixer.parameters())
+    together = torch.autograd.grad(mixer(x), [x, *params], grad)
+    rows = [torch.autograd.grad(mixer(x[i: i + 1]), [x, *params], grad[i: i + 1]) for i in range(3)]
+    for index, value in enumerate(together):
+        torch.testing.assert_close(value, sum(row[index] for row in rows), atol=1e-10, rtol=1e-8)
+    assert torch.autograd.gradcheck(lambda a: mixer(a), (x,), fast_mode=True)
