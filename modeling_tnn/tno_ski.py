@@ -73,7 +73,10 @@ def _band_weight_grad(grad: torch.Tensor, x: torch.Tensor, kernel_size: int) -> 
 
 def _toeplitz_product(toeplitz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """``K_r z`` per channel: ``toeplitz`` (b, c, r, r), ``z`` (b, r, c) -> (b, r, c), one batched matmul over b*c
-    (channel-major, so no per-channel copies)."""
+    (channel-major, so no per-channel copies). A shared ``toeplitz`` (1, c, r, r) multiplies every row at once, one
+    (r, r) x (r, b) product per channel (broadcasting it would copy it b times)."""
+    if toeplitz.shape[0] == 1 < z.shape[0]:
+        return torch.bmm(toeplitz[0], z.permute(2, 1, 0)).permute(2, 1, 0)
     return torch.matmul(toeplitz, z.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)
 
 
