@@ -394,7 +394,7 @@ class TokenMixer(nn.Module):
         activation-sized tensors fewer per layer (mixers without ``fuses_activation`` save only the first)."""
         dtype = compute_dtype(v_pre.dtype)
         grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
-        # As the convolution's spectra: recomputing costs time (measured 5-10% of a mixer's forward + backward), so
+        # As the convolution's spectra: recomputing costs time (measured up to 15% of a mixer's forward + backward), so
         # by default only activations as large as those the convolution recomputes for are left out.
         lean = grad and (self.recompute_spectra if self.recompute_spectra is not None
                          else 2 * v_pre.numel() * v_pre.element_size() > RECOMPUTE_BYTES)
