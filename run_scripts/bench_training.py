@@ -91,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     families = list(SUITES[args.suite]) if args.families is None else args.families.split(",")
     unknown = [f for f in families if f not in SUITES[args.suite]]
     if unknown:
-        raise ValueError(f"--families {unknown}: allowed values for suite {args.suite!r} are {list(SUITES[args.suite])}")
+        raise ValueError(f"--families {unknown}: allowed values for suite {args.suite!r} are "
+                         f"{list(SUITES[args.suite])}")
     args.families = families
     wanted = None if args.models is None else args.models.split(",")
     allowed = sorted({m for f in SUITES[args.suite].values() for m in f})
@@ -465,7 +466,8 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["python", "run_scripts/bench_training.py", *argv])
     (args.output_dir / "table.md").write_text(text + f"\nReproduce: `{command}`\n")
     (args.output_dir / "results.json").write_text(json.dumps(dict(
-        command=command, suite=args.suite, preset=args.preset, fused_gtu=args.fused_gtu, hidden_size=args.hidden_size, tokens=args.tokens,
+        command=command, suite=args.suite, preset=args.preset, fused_gtu=args.fused_gtu,
+        hidden_size=args.hidden_size, tokens=args.tokens,
         rounds=args.rounds, torch=torch.__version__, threads=1,
         parameters={f"{f}/{m}": c[0] for (f, m), c in counts.items()}, throughput=speed, memory=peaks), indent=1))
     plot(args, speed, peaks, args.output_dir / "training.png")
