@@ -395,15 +395,18 @@ def plot(args, speed, peaks, path: Path) -> None:
         # absolute rate follows the load of a shared machine from one length to the next; the ratio does not).
         reference = REFERENCE[family]
         base = {r["n"]: r["median_s"] for r in rows if r["model"] == reference} if what == "speed" else {}
+        relative = bool(base)  # without the baseline in the run: absolute tokens/s
         for name in dict.fromkeys(r["model"] for r in rows):
-            mine = sorted((r for r in rows if r["model"] == name and (what != "speed" or r["n"] in base)),
+            mine = sorted((r for r in rows if r["model"] == name and (not relative or r["n"] in base)),
                           key=lambda r: r["n"])
-            values = [base[r["n"]] / r["median_s"] if what == "speed" else r["step_peak_mb"] for r in mine]
+            values = [(base[r["n"]] / r["median_s"] if relative else r["tokens_per_s"]) if what == "speed"
+                      else r["step_peak_mb"] for r in mine]
             ax.plot([r["n"] for r in mine], values, marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length n")
-        ax.set_ylabel(f"training speed / {reference}'s" if what == "speed" else "peak MB of one step")
+        speed_label = f"training speed / {reference}'s" if relative else "training tokens / s"
+        ax.set_ylabel(speed_label if what == "speed" else "peak MB of one step")
         ax.set_title(f"{family}: {'speed' if what == 'speed' else 'peak memory'}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
