@@ -71,14 +71,13 @@ class Gtu(nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None) -> torch.Tensor:
+        if cache is None:  # the mixer applies the gates itself: in training it may recompute them in backward
+            return self.o_proj(self.token_mixer.gated_mix(self.u_proj(x), self.v_proj(x), attention_mask))
         u = F.silu(self.u_proj(x))
         v = F.silu(self.v_proj(x))
         if attention_mask is not None:
             v = v * attention_mask[..., None].to(v.dtype)
-        if cache is None:
-            mixed = self.token_mixer(v, attention_mask)
-        else:
-            mixed = mix_with_cache(self.token_mixer, v, attention_mask, cache.layers[self.layer_idx], cache)
+        mixed = mix_with_cache(self.token_mixer, v, attention_mask, cache.layers[self.layer_idx], cache)
         return self.o_proj(u * mixed)
 
 

@@ -95,3 +95,27 @@ def test_gated_mix_without_grad_is_the_composition():
     with torch.no_grad():
         torch.testing.assert_close(mixer.gated_mix(u_pre, v_pre, mask), composed(mixer, u_pre, v_pre, mask),
                                    atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind, causal", CASES)
+def test_a_whole_model_trains_the_same_lean_or_not(kind, causal):
+    """The GTU goes through gated_mix: with fft_recompute=True (the silus and spectra recomputed in backward) a
+    whole model's loss and every gradient equal those of fft_recompute=False (everything kept)."""
+    from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
+
+    cls = TnnForCausalLM if causal else TnnForMaskedLM
+    ids = torch.randint(1, 128, (2, 37))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = cls(tiny_config(kind, causal=causal, fft_recompute=recompute)).double().train()
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_kept, grads_kept), (loss_lean, grads_lean) = results
+    torch.testing.assert_close(loss_lean, loss_kept, rtol=0, atol=1e-12)
+    assert grads_kept.keys() == grads_lean.keys() and grads_kept
+    for name in grads_kept:
+        torch.testing.assert_close(grads_lean[name], grads_kept[name], rtol=1e-9, atol=1e-11, msg=name)
