@@ -74,9 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile_rows", type=int, default=15)
     parser.add_argument("--output_dir", default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fused_gtu", action="store_true",
-                        help="run the GTU through TokenMixer.gated_mix (the proposed one-line Gtu.forward change: "
-                        "same values and gradients, two activations fewer kept per layer); applied in this process")
     parser.add_argument("--replot", default=None, help="redraw training.png from this folder's results.json")
     parser.add_argument("--memory_worker", default=None, help=argparse.SUPPRESS)  # "family:model:n:batch"
     args = parser.parse_args(argv)
@@ -334,7 +331,6 @@ RATIOS = {
 
 def render(args, counts, speed, peaks) -> str:
     lines = [f"Suite {args.suite}, preset {args.preset}" + (f", hidden {args.hidden_size}" if args.hidden_size else "")
-             + (", GTU through gated_mix (--fused_gtu)" if args.fused_gtu else "")
              + f", one torch thread, tokens per step {args.tokens} (batch = max(1, {args.tokens} // n)), "
              f"median of {args.rounds} interleaved rounds.", "", "Parameters (position tables not counted):", ""]
     for (family, name), (total, ratio) in counts.items():
@@ -415,25 +411,10 @@ def plot(args, speed, peaks, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def use_fused_gtu() -> None:
-    """Gtu.forward without a cache as ``o_proj(token_mixer.gated_mix(u_proj(x), v_proj(x), mask))``."""
-    from modeling_tnn.modeling_tnn import Gtu
-
-    original = Gtu.forward
-
-    def forward(self, x, attention_mask=None, cache=None):
-        if cache is not None:
-            return original(self, x, attention_mask, cache)
-        return self.o_proj(self.token_mixer.gated_mix(self.u_proj(x), self.v_proj(x), attention_mask))
-    Gtu.forward = forward
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_num_threads(1)
-    if args.fused_gtu:
-        use_fused_gtu()
     if args.memory_worker:
         memory_worker(args)
         return
@@ -469,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["python", "run_scripts/bench_training.py", *argv])
     (args.output_dir / "table.md").write_text(text + f"\nReproduce: `{command}`\n")
     (args.output_dir / "results.json").write_text(json.dumps(dict(
-        command=command, suite=args.suite, preset=args.preset, fused_gtu=args.fused_gtu,
+        command=command, suite=args.suite, preset=args.preset,
         hidden_size=args.hidden_size, tokens=args.tokens,
         rounds=args.rounds, torch=torch.__version__, threads=1,
         parameters={f"{f}/{m}": c[0] for (f, m), c in counts.items()}, throughput=speed, memory=peaks), indent=1))
