@@ -10,7 +10,7 @@ from modeling_tnn.mixer_base import fft_convolve
 from modeling_tnn.tno_dense import DenseTno
 from modeling_tnn.tno_fd import FdTno
 
-from conftest import tiny_config
+from conftest import saved_bytes, tiny_config
 from test_dense_tno import dense_toeplitz
 
 
@@ -53,31 +53,18 @@ def test_spectral_kernel_gradients_in_both_modes(recompute):
                                     fast_mode=True)
 
 
-def _saved_bytes(function) -> int:
-    """Bytes of the tensors autograd saves while ``function()`` runs."""
-    total = 0
-
-    def pack(tensor):
-        nonlocal total
-        total += tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        function()
-    return total
-
 
 def test_recompute_saves_only_the_real_inputs():
     """The saving mode keeps complex spectra of the padded input and kernel; recompute keeps x and the taps."""
     b, n, c = 2, 64, 8
     x = torch.randn(b, n, c, requires_grad=True)
     taps = torch.randn(n, c, requires_grad=True)
-    keep = _saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0, recompute=False))
-    lean = _saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0, recompute=True))
+    keep = saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0, recompute=False))
+    lean = saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0, recompute=True))
     assert lean == (b * n * c + n * c) * 4
     assert keep >= 2 * lean
     # With recompute=None the size decides.
-    saved = _saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0))
+    saved = saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0))
     assert saved == keep
 
 
@@ -85,7 +72,7 @@ def test_recompute_is_chosen_by_size(monkeypatch):
     x = torch.randn(1, 64, 8, requires_grad=True)
     taps = torch.randn(64, 8, requires_grad=True)
     monkeypatch.setattr(mixer_base, "RECOMPUTE_BYTES", 0)
-    lean = _saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0))
+    lean = saved_bytes(lambda: fft_convolve(x, taps, 128, lag0=0))
     assert lean == (64 * 8 + 64 * 8) * 4
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from modeling_tnn.modeling_tnn import build_token_mixer
 
-from conftest import tiny_config
+from conftest import saved_bytes, tiny_config
 
 CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False), ("ski", False)]
 
@@ -63,18 +63,6 @@ def test_gated_mix_float32_is_bitwise_the_composition(kind):
                                atol=0, rtol=0)
 
 
-def _saved_bytes(function) -> int:
-    total = 0
-
-    def pack(tensor):
-        nonlocal total
-        total += tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        function()
-    return total
-
 
 @pytest.mark.parametrize(("kind", "causal"), [("dense", True), ("fd", True), ("ski", False)])
 def test_gated_mix_keeps_less(kind, causal):
@@ -83,8 +71,8 @@ def test_gated_mix_keeps_less(kind, causal):
     mixer.recompute_spectra = True
     u_pre, v_pre, _ = _inputs(torch.float32, n=256, channels=16, masked=False)
     activation = u_pre.numel() * 4
-    fused = _saved_bytes(lambda: mixer.gated_mix(u_pre, v_pre))
-    plain = _saved_bytes(lambda: composed(mixer, u_pre, v_pre, None))
+    fused = saved_bytes(lambda: mixer.gated_mix(u_pre, v_pre))
+    plain = saved_bytes(lambda: composed(mixer, u_pre, v_pre, None))
     assert mixer.fuses_activation
     assert plain - fused == 2 * activation
 
