@@ -298,3 +298,15 @@ def test_two_cpu_processes_are_ddp(tmp_path, launcher):
     # DDP averages the two ranks' gradients: the same updates as one process with the two batches side by side.
     run("clm", common + ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "single")])
     assert_same_weights(tmp_path / "ddp", tmp_path / "single", atol=1e-5)
+
+
+def test_progress_lines_are_logged_at_info(tmp_path, caplog):
+    """setup() sets the recipes' parent logger to INFO on the main process: the setup summary and the loop's
+    checkpoint lines, logged by different modules, both reach the user."""
+    import logging
+
+    caplog.handler.setLevel(logging.INFO)  # capture INFO; the loggers' own levels stay as setup() leaves them
+    run("clm", TINY + ["--max_train_steps", "2", "--checkpointing_steps", "2", "--output_dir", str(tmp_path)])
+    messages = {record.name: record.getMessage() for record in caplog.records if record.levelno == logging.INFO}
+    assert "parameters" in messages["modeling_tnn.recipes.lm_setup"]
+    assert messages["modeling_tnn.recipes.lm_training"].startswith("Saved checkpoint")

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%H:%M:%S",
                         handlers=[logging.StreamHandler(sys.stdout)])
     log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
+    logging.getLogger(__package__).setLevel(log_level)  # this module and the data modules it calls
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):

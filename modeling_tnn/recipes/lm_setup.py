@@ -188,7 +188,8 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
                               project_dir=args.output_dir)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    logger.setLevel(logging.INFO if accelerator.is_main_process else logging.ERROR)
+    # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)
+    logging.getLogger(__package__).setLevel(logging.INFO if accelerator.is_main_process else logging.ERROR)
     set_seed(args.seed, device_specific=True)  # dropout differs across processes; DDP broadcasts rank 0's init
     silence_tied_weight_warning()
     output_dir = Path(args.output_dir)

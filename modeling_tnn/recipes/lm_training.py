@@ -31,7 +31,7 @@ from .lm_setup import RunOutcome, Session, run_geometry, setup
 from .run_inspection import DatasetRef
 from .stop_signals import EXIT_CODES, StopOnSignal, TrainingInterrupted
 
-logger = logging.getLogger("lm_training")
+logger = logging.getLogger(__name__)
 
 
 def _checkpoint(session: Session, name: str, epoch: int) -> Path:
