@@ -362,15 +362,15 @@ class TokenMixer(nn.Module):
     :meth:`cached`, until a parameter changes (an optimizer step, ``load_state_dict``) or ``train()`` is called.
     """
 
-    def __init__(self, channels: int, causal: bool):
+    def __init__(self, channels: int, causal: bool, recompute_spectra: bool | None = None):
         super().__init__()
         self.channels = channels
         self.causal = causal
         self._eval_cache: dict[Hashable, Any] = {}
         self._eval_cache_version: tuple = ()
         # What the FFT convolution keeps for backward (see fft_convolve): None decides by size, True saves only the
-        # real inputs and recomputes their spectra, False keeps the spectra.
-        self.recompute_spectra: bool | None = None
+        # real inputs and recomputes their spectra, False keeps the spectra (TnnConfig.fft_recompute).
+        self.recompute_spectra = recompute_spectra
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         dtype = compute_dtype(x.dtype)

@@ -22,12 +22,10 @@ class DenseTno(TokenMixer):
     """Toeplitz neural operator: ``t_k = RPE(k) * gamma**|k|`` (``t_k = 0`` for ``k < 0`` when causal)."""
 
     def __init__(self, config: TnnConfig, channels: int):
-        super().__init__(channels, causal=bool(config.causal))
+        super().__init__(channels, causal=bool(config.causal), recompute_spectra=config.fft_recompute)
         self.gamma = float(config.decay_gamma)
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels)
         self._traced_support: int | None = None
-        # A config field `fft_recompute` (True / False / None), where the config defines one, sets what training keeps.
-        self.recompute_spectra = getattr(config, "fft_recompute", None)
 
     def rpe_values(self, lags: torch.Tensor) -> torch.Tensor:
         """The pre-decay kernel ``RPE(k)`` at integer ``lags`` (L,) -> (L, channels)."""

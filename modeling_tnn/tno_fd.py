@@ -40,11 +40,9 @@ class FdTno(TokenMixer):
     follows from causality) or Re H and Im H (bidirectional, Im H = 0 at DC and Nyquist). No decay bias."""
 
     def __init__(self, config: TnnConfig, channels: int):
-        super().__init__(channels, causal=bool(config.causal))
+        super().__init__(channels, causal=bool(config.causal), recompute_spectra=config.fft_recompute)
         self.grid = 2 * config.fd_kernel_length
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels if self.causal else 2 * channels)
-        # A config field `fft_recompute` (True / False / None), where the config defines one, sets what training keeps.
-        self.recompute_spectra = getattr(config, "fft_recompute", None)
 
     def frequencies(self, device: torch.device) -> torch.Tensor:
         return torch.linspace(0, math.pi, self.grid // 2 + 1, device=device)

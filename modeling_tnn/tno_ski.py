@@ -156,15 +156,13 @@ class SkiTno(TokenMixer):
     def __init__(self, config: TnnConfig, channels: int):
         if config.causal:
             raise ValueError(config._causal_ski_message())
-        super().__init__(channels, causal=False)
+        super().__init__(channels, causal=False, recompute_spectra=config.fft_recompute)
         self.rank = config.ski_rank
         self.gamma = float(config.decay_gamma)
         self.kernel_size = config.ski_kernel_size
         bound = 1 / math.sqrt(self.kernel_size)  # nn.Conv1d's default init for a depthwise kernel
         self.band = nn.Parameter(torch.empty(channels, self.kernel_size).uniform_(-bound, bound))
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels)
-        # A config field `fft_recompute` (True / False / None), where the config defines one, sets what training keeps.
-        self.recompute_spectra = getattr(config, "fft_recompute", None)
 
     def band_conv(self, x: torch.Tensor) -> torch.Tensor:
         """Centred depthwise convolution along the sequence, (b, n, c) -> (b, n, c)."""
