@@ -632,16 +632,34 @@ def test_missing_local_model_folder(tmp_path, tiny_mlm_checkpoint, capsys, monke
             glue_finetuning.main([*flags, *args])
         assert fragment in str(error.value) and "\n" not in str(error.value)
 
-    # A bare name could be a Hub id: it is looked up once (no download retries); offline that fails at once.
+
+@pytest.mark.parametrize("offline", [False, True], ids=["no-network", "HF_HUB_OFFLINE"])
+def test_bare_model_id_is_looked_up_once_or_in_the_cache(tmp_path, monkeypatch, offline):
+    """A bare name could be a Hub id: it is looked up once (no download retries), or not at all with HF_HUB_OFFLINE.
+    When the Hub cannot answer, the local Hub cache decides; the refusal keeps the did-you-mean hint either way."""
     import huggingface_hub
+    from huggingface_hub import constants
 
     def no_network(*args, **kwargs):
         raise OSError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(huggingface_hub, "model_info", no_network)
-    with pytest.raises(flag_checks.UsageError, match=r"'mlmm' is not a local folder \(did you mean 'mlm'\?\), and the "
-                                                   r"Hub cannot be reached to look it up as a model id"):
-        glue_finetuning.main(["--model_name_or_path", "mlmm", *args])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlm").mkdir()
+    reason = "HF_HUB_OFFLINE is set" if offline else "Name or service not known"
+    with pytest.raises(flag_checks.UsageError, match=rf"^--model_name_or_path 'mlmm' is not a local folder \(did you "
+                                                   rf"mean 'mlm'\?\), and the Hub cannot be reached to look it up as "
+                                                   rf"a model id \(.*{reason}"):
+        flag_checks.check_local_source("mlmm", "--model_name_or_path")
+    # Laid out as huggingface_hub's cache holds a downloaded model: accepted, transformers loads it from there.
+    snapshot = tmp_path / "hub_cache" / "models--mlmm" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub_cache" / "models--mlmm" / "refs").mkdir()
+    (tmp_path / "hub_cache" / "models--mlmm" / "refs" / "main").write_text("0" * 40)
+    flag_checks.check_local_source("mlmm", "--model_name_or_path")
 
 
 def test_suite_refuses_missing_folder_and_bad_file_in_one_line(tmp_path, capsys):
