@@ -10,12 +10,8 @@ import contextlib
 import io
 import json
 import math
-import os
 import re
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -24,7 +20,7 @@ import pytest
 import torch
 from conftest import PROJECT_ROOT, tiny_config
 from huggingface_hub import HfApi, ModelCard
-from remote_code import BLOCK_PACKAGE_PREAMBLE
+from remote_code import run_with_package_blocked
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification
 from modeling_tnn.modeling_tnn import AUTO_MAP
@@ -249,7 +245,7 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     assert "trust_remote_code=True" in card.text
 
 
-REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+REMOTE_SCRIPT = """
     import io, json, re, contextlib
     jobs = json.loads({jobs!r})
     ids = torch.load({ids!r})
@@ -274,7 +270,7 @@ REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
                 exec(job["snippet"], {{}})
             out[f"{{source}}|snippet"] = printed.getvalue()
     torch.save(out, {result!r})
-""")
+"""
 
 
 def _cache_layout(folder: Path, repo_id: str, cache: Path) -> None:
@@ -304,15 +300,9 @@ def remote_loads(runs, published, tmp_path_factory):
         snippet = re.search(r"```python\n(.*?)```", ModelCard.load(folder / "README.md").text, re.S).group(1)
         jobs.append({"source": str(folder), "classes": classes, "name": name})
         jobs.append({"source": REPOS[name], "classes": classes, "name": name, "snippet": snippet})
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), jobs=json.dumps(jobs), ids=str(root / "ids.pt"),
-                                  result=str(root / "out.pt"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(root / "hf_home"),
-           "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": "", "TRANSFORMERS_VERBOSITY": "error",
-           "OMP_NUM_THREADS": "1"}  # tiny models: threads only add contention on a shared machine
-    env.pop("HF_TOKEN", None)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    script = REMOTE_SCRIPT.format(jobs=json.dumps(jobs), ids=str(root / "ids.pt"), result=str(root / "out.pt"))
+    run_with_package_blocked(script, root, extra_env={"HF_HUB_CACHE": str(cache), "HF_HOME": str(root / "hf_home"),
+                                                      "TRANSFORMERS_VERBOSITY": "error"})
     return ids, jobs, expected_classes, torch.load(root / "out.pt")
 
 

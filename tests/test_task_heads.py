@@ -5,11 +5,7 @@ of heads fitted to one example."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -19,7 +15,7 @@ from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassif
 
 from modeling_tnn import TnnForMaskedLM, TnnForQuestionAnswering, TnnForTokenClassification
 
-from remote_code import BLOCK_PACKAGE_PREAMBLE
+from remote_code import run_with_package_blocked
 from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
 
 HEADS = (TnnForTokenClassification, TnnForQuestionAnswering)
@@ -251,7 +247,7 @@ def test_question_answering_pipeline_is_gone_from_this_transformers(tmp_path, to
         pipeline("question-answering", model=str(tmp_path), trust_remote_code=True)
 
 
-REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+REMOTE_SCRIPT = """
     import json
     ids = torch.load({ids!r})
     scores, entities = {{}}, {{}}
@@ -274,7 +270,7 @@ REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
     torch.save(scores, {result!r})
     with open({entities_file!r}, "w") as f:
         json.dump(entities, f)
-""")
+"""
 
 # (head, causal, mixer) of the folders loaded as remote code: the fitted heads, and untrained causal ones.
 REMOTE_CASES = [(cls, causal, mixer) for cls in HEADS
@@ -299,14 +295,10 @@ def remote_code_run(tmp_path_factory, tokenizer, fitted):
         tokenizer.save_pretrained(folder)
         models[(cls, causal, mixer)] = (folder, model)
         jobs.append({"folder": folder, "auto": cls._auto_class})
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), ids=str(root / "ids.pt"), jobs=json.dumps(jobs),
-                                  question=QUESTION, context=CONTEXT, result=str(root / "scores.pt"),
+    script = REMOTE_SCRIPT.format(ids=str(root / "ids.pt"), jobs=json.dumps(jobs), question=QUESTION,
+                                  context=CONTEXT, result=str(root / "scores.pt"),
                                   entities_file=str(root / "entities.json"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": "",
-           "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_with_package_blocked(script, root, extra_env={"TRANSFORMERS_VERBOSITY": "error"})
     return ids, models, torch.load(root / "scores.pt"), json.loads((root / "entities.json").read_text())
 
 

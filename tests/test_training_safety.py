@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = PROJECT_ROOT / "run_scripts"
 
-from remote_code import BLOCK_PACKAGE_PREAMBLE  # noqa: E402
+from remote_code import run_with_package_blocked  # noqa: E402
 
 from modeling_tnn.recipes import (
     checkpoints,
@@ -323,7 +322,7 @@ def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path
     own = train_byte_level_bpe(["a tokenizer folder on its own"] * 20, vocab_size=270)
     own.save_pretrained(alone)
     expected = lm_data.AutoTokenizer.from_pretrained(finished_run)("def f(x): return x").input_ids
-    script = BLOCK_PACKAGE_PREAMBLE.format(root=str(PROJECT_ROOT)) + textwrap.dedent(f"""
+    done = run_with_package_blocked(f"""
         import json, warnings
         warnings.simplefilter("always")
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -335,10 +334,7 @@ def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path
         out["run_fast"] = PreTrainedTokenizerFast.from_pretrained(run)("def f(x): return x").input_ids
         out["run_remote"] = AutoTokenizer.from_pretrained(run, trust_remote_code=True)("def f(x): return x").input_ids
         print("RESULT " + json.dumps(out))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    """, tmp_path)
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert result["alone"] == len(own)
     assert result["checkpoint"] == result["run_fast"] == result["run_remote"] == expected
