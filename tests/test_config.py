@@ -128,6 +128,7 @@ def test_preset_parameter_counts_match_their_descriptions(preset, cls, total):
     assert f"{total:,}" in json.loads((_preset_dir() / f"{preset}.json").read_text())["_description"]
 
 
+@pytest.mark.slow
 def test_presets_ship_in_the_wheel(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path), str(PROJECT_ROOT)], check=True, capture_output=True)
@@ -285,6 +286,7 @@ REMOTE_VALIDATION = """
 """
 
 
+@pytest.mark.slow
 def test_remote_code_validates_configs_and_inputs(saved_lm, tmp_path):
     proc = run_with_package_blocked(REMOTE_VALIDATION.format(folder=str(saved_lm)), tmp_path)
     assert proc.stdout.strip().endswith("ok"), proc.stdout[-3000:]

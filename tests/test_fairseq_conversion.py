@@ -254,6 +254,7 @@ REMOTE_SCRIPT = """
 """
 
 
+@pytest.mark.slow
 def test_converted_folders_load_as_remote_code_without_the_package(tmp_path):
     lm, blm = lm_state(), blm_state()
     convert_fairseq_checkpoint(save_checkpoint(tmp_path / "lm.pt", lm, args=lm_args()), tmp_path / "lm")

@@ -276,6 +276,7 @@ def tiny_mlm_checkpoint(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("task", ["stsb", "mnli"])
+@pytest.mark.slow
 def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpoint, task):
     glue_dir = write_task(tmp_path / "glue", task, repeat=4)
     out = tmp_path / "out"
@@ -295,6 +296,7 @@ def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpo
     assert "| eval_accuracy_mm |" in card if task == "mnli" else "| eval_pearson |" in card
 
 
+@pytest.mark.slow
 def test_finetune_sst2_beats_majority_baseline(tmp_path, shared_data):
     from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
 
@@ -426,6 +428,7 @@ PREDICT = ["--do_predict", "--report_to", "none", "--log_level", "warning", "--d
 
 
 @pytest.mark.parametrize("task", ["cola", "stsb", "wnli"])
+@pytest.mark.slow
 def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkpoint, task):
     """--do_predict alone on the real GLUE test files: the submission's file name, header, one row per test example
     (all 146 of WNLI; --max_predict_samples 7 for the others), indices in file order, labels as GLUE writes them."""
@@ -444,6 +447,7 @@ def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkp
         assert {value for _, value in rows} <= labels
 
 
+@pytest.mark.slow
 def test_do_predict_mnli_writes_matched_mismatched_and_ax(tmp_path, tiny_mlm_checkpoint):
     glue_dir = write_test_files(write_task(tmp_path / "glue", "mnli"), "mnli", rows=6)
     out = tmp_path / "out"
@@ -488,6 +492,7 @@ def classification_rows(repeat: int = 4) -> list[dict]:
 
 
 @pytest.mark.parametrize("ext", ["csv", "json"])
+@pytest.mark.slow
 def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoint, ext):
     train = write_rows(tmp_path / f"train.{ext}", classification_rows())
     valid = write_rows(tmp_path / f"valid.{ext}", classification_rows(2))
@@ -515,6 +520,7 @@ def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoin
     assert again["eval_accuracy"] == pytest.approx(predicted_pos / 4)
 
 
+@pytest.mark.slow
 def test_files_regression_and_sentence_pairs(tmp_path, tiny_mlm_checkpoint):
     """A float label means regression (scored by mean squared error, as run_glue.py does); sentence1/sentence2 are
     taken as the pair wherever they are in the file."""
@@ -531,6 +537,7 @@ def test_files_regression_and_sentence_pairs(tmp_path, tiny_mlm_checkpoint):
     assert data.file_columns == ("sentence1", "sentence2") and data.label_names is None
 
 
+@pytest.mark.slow
 def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint):
     """With --task_name, files take the task's labels (class ids, Hub names or tsv spellings), its metrics and its
     column names; a --test_file replaces the task's test set and is written with the GLUE label strings."""
@@ -548,6 +555,7 @@ def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint):
     assert {v for _, v in read_submission(out / "predict_results.tsv")} <= NLI3
 
 
+@pytest.mark.slow
 def test_max_predict_samples_on_a_test_file(tmp_path, tiny_mlm_checkpoint):
     train = write_rows(tmp_path / "train.csv", classification_rows())
     test = write_rows(tmp_path / "test.csv", [{"sentence": f"row {i}"} for i in range(9)])

@@ -337,6 +337,7 @@ REMOTE_SCRIPT = """
 """
 
 
+@pytest.mark.slow
 def test_remote_code_builds_the_paper_architecture(tmp_path):
     model = TnnForSequenceClassification(tiny_config(causal=False, num_labels=2, **BLM)).eval()
     _randomise_norms(model)

@@ -306,6 +306,7 @@ def remote_loads(runs, published, tmp_path_factory):
     return ids, jobs, expected_classes, torch.load(root / "out.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(REPOS))
 def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs, remote_loads, name):
     _, models = runs

@@ -121,6 +121,7 @@ def remote_code_run(tmp_path_factory):
     return ids, models, jobs, torch.load(root / "out.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, causal, fitting, contradicting, mixer", CASES_BY_MIXER)
 def test_remote_code_without_the_package(remote_code_run, cls, causal, fitting, contradicting, mixer):
     ids, models, jobs, out = remote_code_run

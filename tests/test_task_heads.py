@@ -302,6 +302,7 @@ def remote_code_run(tmp_path_factory, tokenizer, fitted):
     return ids, models, torch.load(root / "scores.pt"), json.loads((root / "entities.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, causal, mixer", REMOTE_CASES)
 def test_remote_code_without_the_package(remote_code_run, tokenizer, cls, causal, mixer):
     ids, models, scores, entities = remote_code_run

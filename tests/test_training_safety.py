@@ -144,6 +144,7 @@ def test_checkpoint_records_the_model_config_and_tokenizer(finished_run):
 # ----------------------------------------------------------------------------------------------------------------
 # Signals, rotation, the tied-weight warning
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
     out = tmp_path / "run"
     command = [sys.executable, str(SCRIPTS / "train_clm.py"), *TINY, *data, "--output_dir", str(out),
@@ -186,6 +187,7 @@ def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
     assert logged[-2:] == [step + 1, step + 2] and logged.count(step + 1) == 1
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
     calls = {"n": 0}
     original = lm_evaluation.InputBuilder.__call__
@@ -315,6 +317,7 @@ def test_time_generation_reports_cached_and_full_recompute(finished_run):
 # ----------------------------------------------------------------------------------------------------------------
 # Saved tokenizers load with plain AutoTokenizer where modeling_tnn is blocked
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path, finished_run):
     from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
 
