@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = PROJECT_ROOT / "run_scripts"
-
-from remote_code import run_with_package_blocked  # noqa: E402
+from conftest import PROJECT_ROOT
+from remote_code import run_with_package_blocked
 
 from modeling_tnn.recipes import (
     checkpoints,
@@ -34,6 +31,7 @@ from modeling_tnn.recipes import (
     tracking,
 )
 
+SCRIPTS = PROJECT_ROOT / "run_scripts"
 TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
         "--max_eval_samples", "4", "--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "4"]
 
@@ -215,6 +213,34 @@ def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
                                  "--max_train_steps", "3", "--checkpointing_steps", "20"])
     assert outcome.results["train_steps"] == 3 and (out / "model.safetensors").is_file()
 
+
+
+class _Processes:
+    """What StopOnSignal.requested uses of an Accelerator: ``reduce`` max-combines this process's tensor with what
+    the other processes sent, as the collective does (and records what this process sent)."""
+
+    def __init__(self, *others: torch.Tensor):
+        self.num_processes, self.device, self.others, self.sent = 1 + len(others), torch.device("cpu"), others, []
+
+    def reduce(self, tensor, reduction):
+        assert reduction == "max"
+        self.sent.append(tensor)
+        return torch.stack([tensor, *self.others]).amax(0)
+
+
+def _stopper(signal_name):
+    stopper = stop_signals.StopOnSignal()
+    stopper.signal_name = signal_name  # as its handler sets it
+    return stopper
+
+
+def test_every_process_agrees_on_the_signal_that_stops_them():
+    """A signal that reached one process stops all of them with its name (so each exits with 130 or 143)."""
+    for here, elsewhere, agreed in [(None, None, None), (None, "SIGTERM", "SIGTERM"), ("SIGINT", None, "SIGINT"),
+                                    (None, "SIGINT", "SIGINT"), ("SIGINT", "SIGTERM", "SIGTERM")]:
+        other = _Processes(torch.zeros(1, dtype=torch.long))
+        _stopper(elsewhere).requested(other)
+        assert _stopper(here).requested(_Processes(*other.sent)) == agreed, (here, elsewhere)
 
 def test_checkpoints_total_limit_keeps_the_newest(tmp_path, data, caplog):
     out = tmp_path / "run"
