@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .flag_checks import UsageError, first_line
-from .glue_tasks import GlueTask, get_task
+from ..common.flag_checks import UsageError, first_line
+from .tasks import GlueTask, get_task
 
 logger = logging.getLogger(__name__)
 

@@ -26,13 +26,14 @@ from transformers import (
 
 from modeling_tnn import list_presets, load_preset
 
-from .flag_checks import UsageError, check_local_source, exit_on_usage_error, first_line
-from .glue_arguments import ModelArguments, parse_args
-from .glue_inputs import Inputs, load_inputs
-from .glue_metrics import make_compute_metrics
-from .glue_tasks import write_predictions
-from .hub_upload import push_finished_run
-from .run_inspection import TOKENIZER_FILES, DatasetRef
+from ..common.flag_checks import UsageError, check_local_source, exit_on_usage_error, first_line
+from ..common.run_files import BENCHMARK_FILE, TOKENIZER_FILES
+from ..hub.run_inspection import DatasetRef
+from ..hub.upload import push_finished_run
+from .arguments import ModelArguments, parse_args
+from .inputs import Inputs, load_inputs
+from .metrics import make_compute_metrics
+from .tasks import RESULT_SUFFIXES, GlueTask, write_predictions
 
 logger = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             logger.info("*** Evaluate %s ***", split)
             metrics = trainer.evaluate(eval_dataset=dataset)
             metrics["eval_samples"] = len(dataset)
-            suffix = "_mm" if split == "validation_mismatched" else ""  # run_glue.py's naming for MNLI-mm
+            suffix = RESULT_SUFFIXES.get(split, "")
             results.update({f"{key}{suffix}": value for key, value in metrics.items()})
         trainer.log_metrics("eval", results)
         trainer.save_metrics("eval", results)
@@ -273,11 +274,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         card_kwargs["finetuned_from"] = source
     if trainer.is_world_process_zero() and (training_args.do_train or training_args.do_eval):
         trainer.create_model_card(**card_kwargs)
+        write_benchmark_record(training_args.output_dir, task)
         finish_model_card(training_args.output_dir, task.name if task else None, results, source,
                           inputs.eval_description)
         if training_args.push_to_hub:
             push_to_hub(training_args, task.name if task else None, inputs.description)
     return results
+
+
+def write_benchmark_record(output_dir: str, task: GlueTask | None) -> None:
+    """Leave the GLUE task's :class:`BenchmarkRecord` in the run folder for its model card (publishing reads it from
+    there); a run on data files has none, so a record left by an earlier run in the same folder goes."""
+    if task is not None:
+        task.benchmark_record().write(output_dir)
+    else:
+        (Path(output_dir) / BENCHMARK_FILE).unlink(missing_ok=True)
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -21,14 +21,15 @@ import torch
 from datasets import DatasetDict
 from tqdm.auto import tqdm
 
-from .checkpoints import RESULTS_FILE, find_latest_checkpoint, rotate_checkpoints, save_checkpoint
-from .flag_checks import UsageError
-from .hub_upload import push_finished_run
-from .lm_arguments import hub_repo_id, parse_args
-from .lm_evaluation import evaluate, evaluate_lengths, plot_lengths, position_limit
-from .lm_generation import format_generation_table, generate_sample, time_generation
-from .lm_setup import RunOutcome, Session, run_geometry, setup
-from .run_inspection import DatasetRef
+from ..common.flag_checks import UsageError
+from ..common.run_files import LENGTHS_PLOT, RESULTS_FILE
+from ..hub.run_inspection import DatasetRef
+from ..hub.upload import push_finished_run
+from .arguments import hub_repo_id, parse_args
+from .checkpoints import find_latest_checkpoint, rotate_checkpoints, save_checkpoint
+from .evaluation import evaluate, evaluate_lengths, plot_lengths, position_limit
+from .generation import format_generation_table, generate_sample, time_generation
+from .setup import RunOutcome, Session, run_geometry, setup
 from .stop_signals import EXIT_CODES, StopOnSignal, TrainingInterrupted
 
 logger = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ def _length_evaluation(session: Session, model: torch.nn.Module, results: dict[s
     for length, values in by_length.items():
         print(f"| {length} | {values['perplexity']:.2f} | {values['tokens']} | {values['mode']} |")
     plot_lengths({type(model).__name__: {length: v["perplexity"] for length, v in by_length.items()}},
-                 output_dir / "eval_lengths.png", train_length=args.block_size)
+                 output_dir / LENGTHS_PLOT, train_length=args.block_size)
 
 
 def run(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None = None) -> RunOutcome:

@@ -1,6 +1,6 @@
 """Reading the TNN authors' fairseq checkpoints: the file (weights only), its arguments, the kind of model, the
 :class:`~modeling_tnn.TnnConfig` they describe (:func:`block_options` reads the block choices), and fairseq's
-dictionary as a tokenizer. :mod:`.fairseq_conversion` maps the tensors and writes the folder."""
+dictionary as a tokenizer. :mod:`.conversion` maps the tensors and writes the folder."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from ..configuration_tnn import TnnConfig
+from ...configuration_tnn import TnnConfig
 
 # fairseq's Dictionary puts these four symbols first, at ids 0-3, before the lines of dict.txt.
 FAIRSEQ_SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")

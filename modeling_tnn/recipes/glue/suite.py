@@ -15,10 +15,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .data_location import find_data_dir
-from .flag_checks import UsageError, check_local_source, exit_on_usage_error
-from .glue_metrics import majority_baseline
-from .glue_tasks import TASK_NAMES, available_splits, get_task, load_glue_local
+from ..common.data_location import find_data_dir
+from ..common.flag_checks import UsageError, check_local_source, exit_on_usage_error
+from .metrics import majority_baseline
+from .tasks import TASK_NAMES, available_splits, get_task, load_glue_local
 
 SHORT_METRIC = {"accuracy": "acc", "f1": "F1", "matthews_correlation": "MCC", "pearson": "Pearson",
                 "spearmanr": "Spearman"}
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     for task_name in tasks:
         for model_name, checkpoint in models.items():
             out = Path(args.output_dir) / model_name / task_name
-            command = [sys.executable, "-m", "modeling_tnn.recipes.glue_finetuning", "--model_name_or_path", checkpoint,
+            command = [sys.executable, "-m", "modeling_tnn.recipes.glue.finetuning", "--model_name_or_path", checkpoint,
                        "--task_name", task_name, "--glue_dir", args.glue_dir, "--output_dir", str(out),
                        "--do_train", "--do_eval", *eval_limit, *passthrough,
                        *shlex.split(task_args.get(task_name, ""))]

@@ -14,11 +14,12 @@ from transformers import (
 
 from modeling_tnn import list_presets
 
-from .checkpoints import METRICS_FILE, RESULTS_FILE, is_valid_checkpoint, resolve_checkpoint, run_files_in
-from .flag_checks import UsageError, check_local_path, name_list
-from .hub_folder import require_token, validate_repo_id
-from .lm_data import data_file_type
-from .run_inspection import PublishError
+from ..common.flag_checks import UsageError, check_local_path, name_list
+from ..common.run_files import METRICS_FILE, RESULTS_FILE
+from ..hub.folder import require_token, validate_repo_id
+from ..hub.run_inspection import PublishError
+from .checkpoints import is_valid_checkpoint, resolve_checkpoint, run_files_in
+from .data import data_file_type
 
 TASKS = ("clm", "mlm")
 DEFAULT_CONFIG = "small"
@@ -238,7 +239,7 @@ def hub_repo_id(args: argparse.Namespace) -> str:
 def check_push_to_hub(args: argparse.Namespace) -> None:
     """Before training: a valid repository id and a Hub token, so a long run does not end in a failed upload."""
     try:
-        validate_repo_id(hub_repo_id(args))
+        validate_repo_id(hub_repo_id(args), flag="--hub_model_id")
         require_token()
-    except PublishError as error:
-        raise UsageError(f"--push_to_hub: {error}".replace("--repo_id", "--hub_model_id")) from None
+    except PublishError as error:  # the same check as publish.py's, reported as this script's flag error
+        raise UsageError(f"--push_to_hub: {error}") from None

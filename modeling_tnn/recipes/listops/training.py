@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 from transformers import BertConfig, BertForSequenceClassification, EvalPrediction, PreTrainedModel
 
-from .. import TnnForSequenceClassification, load_preset
-from .listops_data import MAX_LENGTH, NUM_CLASSES
+from ... import TnnForSequenceClassification, load_preset
+from .data import MAX_LENGTH, NUM_CLASSES
 
 MODEL_CHOICES: tuple[str, ...] = ("tnn-dense", "tnn-fd", "tnn-ski", "bert")
 BERT_POSITIONS = 2048  # BERT's position table: LRA ListOps rows are < 2000 tokens, plus [CLS]
@@ -178,7 +178,7 @@ def majority_class_accuracy(data_dir: str | Path, train_rows: int | None = None)
     model that learned only the label prior scores."""
     from collections import Counter
 
-    from .listops_data import read_tsv, split_file
+    from .data import read_tsv, split_file
 
     train = read_tsv(split_file(data_dir, "train"))[:train_rows]
     test = read_tsv(split_file(data_dir, "test"))

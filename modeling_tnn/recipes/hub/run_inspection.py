@@ -11,14 +11,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .glue_tasks import GlueTask, get_task
+from ..common.run_files import (
+    BENCHMARK_FILE,
+    CONFIG_FILE,
+    EVAL_RESULTS_FILE,
+    METRICS_FILE,
+    RESULTS_FILE,
+    TOKENIZER_FILES,
+    TRAIN_RESULTS_FILE,
+    TRAINER_STATE,
+    WEIGHT_FILE,
+    WEIGHT_INDEX,
+    BenchmarkRecord,
+    BenchmarkScore,
+)
 
 logger = logging.getLogger(__name__)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
-                   "sentencepiece.bpe.model", "chat_template.jinja")
-WEIGHT_FILE = "model.safetensors"
-WEIGHT_INDEX = "model.safetensors.index.json"
 PIPELINE_TAGS = {"TnnForCausalLM": "text-generation", "TnnForMaskedLM": "fill-mask",
                  "TnnForSequenceClassification": "text-classification", "TnnModel": "feature-extraction"}
 HEAD_AUTO_CLASS = {"TnnForCausalLM": "AutoModelForCausalLM", "TnnForMaskedLM": "AutoModelForMaskedLM",
@@ -68,6 +76,7 @@ class RunInfo:
     weight_files: list[str] = field(default_factory=list)
     tokenizer_files: list[str] = field(default_factory=list)
     plot_files: list[Path] = field(default_factory=list)
+    benchmark: BenchmarkRecord | None = None  # the benchmark task of a classifier's run (benchmark.json)
 
     @property
     def causal(self) -> bool:
@@ -92,17 +101,6 @@ class RunInfo:
                 with safe_open(str(self.path / name), "pt") as handle:
                     total += sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
         return total or None
-
-    @property
-    def glue_task(self) -> GlueTask | None:
-        """The GLUE task of a ``finetune_glue.py`` run (``config.finetuning_task``), else ``None``."""
-        name = self.config.get("finetuning_task")
-        if self.architecture != "TnnForSequenceClassification" or not name:
-            return None
-        try:
-            return get_task(name)
-        except ValueError:
-            return None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -134,7 +132,7 @@ def inspect_run(run_dir: str | Path) -> RunInfo:
     path = Path(run_dir)
     if not path.is_dir():
         raise PublishError(f"RUN_DIR {path} is not a folder.")
-    config_file = path / "config.json"
+    config_file = path / CONFIG_FILE
     if not config_file.is_file():
         raise PublishError(f"{config_file} not found: RUN_DIR must be a saved model folder (the --output_dir of "
                            "train_clm.py, train_mlm.py or finetune_glue.py).")
@@ -162,14 +160,14 @@ def inspect_run(run_dir: str | Path) -> RunInfo:
         raise PublishError(f"no weights in {path}: expected {WEIGHT_FILE} or {WEIGHT_INDEX}{hint}.")
 
     if architecture == "TnnForSequenceClassification":
-        results_file = path / "eval_results.json"
-        if not results_file.is_file() and (path / "all_results.json").is_file():
-            results_file = path / "all_results.json"  # Trainer writes both; all_results.json also holds eval_*
+        results_file = path / EVAL_RESULTS_FILE
+        if not results_file.is_file() and (path / RESULTS_FILE).is_file():
+            results_file = path / RESULTS_FILE  # Trainer writes both; all_results.json also holds eval_*
         if not results_file.is_file():
             raise PublishError(f"no results file in {path}: expected eval_results.json (written by "
                                "finetune_glue.py --do_eval); the model-index is read from it, never typed by hand.")
     else:
-        results_file = path / "all_results.json"
+        results_file = path / RESULTS_FILE
         if not results_file.is_file():
             raise PublishError(f"no results file in {path}: expected all_results.json (written by train_clm.py / "
                                "train_mlm.py at the end of training); the model-index is read from it.")
@@ -183,12 +181,17 @@ def inspect_run(run_dir: str | Path) -> RunInfo:
     info = RunInfo(path=path, config=config, architecture=architecture, results_file=results_file, results=results,
                    weight_files=weight_files, tokenizer_files=tokenizer_files,
                    plot_files=sorted(path.glob("*.png")))
-    if (path / "metrics.jsonl").is_file():
-        info.metrics_log = read_metrics_log(path / "metrics.jsonl")
-    if (path / "train_results.json").is_file():
-        info.train_results = _read_json(path / "train_results.json")
-    if (path / "trainer_state.json").is_file():
-        info.trainer_state = _read_json(path / "trainer_state.json")
+    if (path / METRICS_FILE).is_file():
+        info.metrics_log = read_metrics_log(path / METRICS_FILE)
+    if (path / TRAIN_RESULTS_FILE).is_file():
+        info.train_results = _read_json(path / TRAIN_RESULTS_FILE)
+    if (path / TRAINER_STATE).is_file():
+        info.trainer_state = _read_json(path / TRAINER_STATE)
+    if architecture == "TnnForSequenceClassification" and (path / BENCHMARK_FILE).is_file():
+        try:
+            info.benchmark = BenchmarkRecord.from_dict(_read_json(path / BENCHMARK_FILE))
+        except (KeyError, TypeError) as error:
+            raise PublishError(f"{path / BENCHMARK_FILE} is not a benchmark record ({error!r}).") from None
     eval_results_from_run(info, DatasetRef(name="check"))  # fail now, not after building, on a bad results file
     return info
 
@@ -204,32 +207,29 @@ def eval_results_from_run(info: RunInfo, dataset: DatasetRef) -> list[Any]:
 
     Language models: ``perplexity`` and ``eval_loss`` of ``all_results.json``, plus the perplexity at every length of
     its ``eval_lengths`` table. Classifiers: the task's metrics (``eval_accuracy``, ``eval_f1``, ...) of
-    ``eval_results.json``; for a GLUE run the dataset is ``nyu-mll/glue`` and its task config.
+    ``eval_results.json``; for a benchmark run (a ``benchmark.json`` in the folder, e.g. GLUE's) the record's dataset,
+    config, scores and splits.
     """
     from huggingface_hub import EvalResult
 
     results, source = info.results, info.results_file.name
     out: list[EvalResult] = []
     if info.architecture == "TnnForSequenceClassification":
-        task = info.glue_task
-        if task is not None:
-            keys = [f"eval_{metric}" for metric in task.metrics]
-            if "eval_combined_score" in results:
-                keys.append("eval_combined_score")
-            if task.name == "mnli":  # matched and mismatched dev sets; run_glue.py suffixes the latter with _mm
-                keys += [f"{key}_mm" for key in keys]
+        benchmark = info.benchmark
+        if benchmark is not None:
+            scores = list(benchmark.scores)
         else:
-            keys = [key for key in results if key.startswith("eval_") and key not in NOT_SCORES]
+            scores = [BenchmarkScore(key=key, metric=key[len("eval_"):], split=dataset.split)
+                      for key in results if key.startswith("eval_") and key not in NOT_SCORES]
+        keys = [score.key for score in scores]
         missing = [key for key in keys if key not in results]
         if missing or not keys:
             raise PublishError(f"{info.results_file} lacks the evaluation metrics {missing or ['eval_*']}: was the "
                                "run finished with --do_eval?")
-        for key in keys:
-            metric = key[len("eval_"):].removesuffix("_mm")
-            split = dataset.split
-            if task is not None:
-                ref_type, ref_name, ref_config = "nyu-mll/glue", f"GLUE {task.folder}", task.name
-                split = ("validation_mismatched" if key.endswith("_mm") else task.eval_splits[0])
+        for score in scores:
+            key, metric, split = score.key, score.metric, score.split
+            if benchmark is not None:
+                ref_type, ref_name, ref_config = benchmark.dataset, benchmark.name, benchmark.config
             else:
                 ref_type, ref_name, ref_config = dataset.model_index_type, dataset.name, dataset.config
             if not ref_type:

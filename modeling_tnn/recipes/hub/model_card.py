@@ -95,8 +95,7 @@ def usage_snippet(info: RunInfo, repo_id: str, example_text: str | None = None) 
             "    print(f\"{guess['score']:.3f}  {guess['sequence']}\")\n"
         )
     if tag == "text-classification":
-        task = info.glue_task
-        if example_text is None and task is not None and len(task.text_columns) == 2:
+        if example_text is None and info.benchmark is not None and info.benchmark.text_pair:
             first, second = DEFAULT_PAIR_EXAMPLE
             example = f"{{\"text\": {_py(first)}, \"text_pair\": {_py(second)}}}"
         else:
@@ -287,10 +286,10 @@ def build_card(info: RunInfo, repo_id: str, options: CardOptions, code_files: Se
 
     name = repo_id.split("/")[-1]
     mixer = info.config.get("token_mixer", "dense")
-    task = info.glue_task
+    benchmark = info.benchmark
     dataset = options.dataset
     eval_results = eval_results_from_run(info, dataset)
-    datasets = ["nyu-mll/glue"] if task is not None else ([dataset.hub_id] if dataset.hub_id else None)
+    datasets = [benchmark.dataset] if benchmark is not None else ([dataset.hub_id] if dataset.hub_id else None)
     metrics = list(dict.fromkeys(result.metric_type for result in eval_results))
     tags = ["tnn", "toeplitz", "custom_code", MIXER_TAGS[mixer]]
     data = ModelCardData(license=options.license, language=options.language, library_name="transformers",
@@ -300,8 +299,8 @@ def build_card(info: RunInfo, repo_id: str, options: CardOptions, code_files: Se
 
     kind = {"TnnForCausalLM": "causal language model", "TnnForMaskedLM": "masked (bidirectional) language model",
             "TnnForSequenceClassification": "sequence classifier", "TnnModel": "Toeplitz Neural Network backbone"}
-    if task is not None:
-        trained_on = f"finetuned on GLUE {task.folder} (`nyu-mll/glue`, config `{task.name}`)"
+    if benchmark is not None:
+        trained_on = f"finetuned on {benchmark.name} (`{benchmark.dataset}`, config `{benchmark.config}`)"
     else:
         data_name = options.training_data or dataset.name or dataset.hub_id
         trained_on = f"trained on {data_name}" if data_name else "trained"

@@ -14,11 +14,11 @@ from transformers import (
 
 from modeling_tnn import list_presets
 
+from ..common.flag_checks import UsageError
+from ..common.run_files import PREDICTIONS_FILE
 from .data_files import data_file_format
-from .flag_checks import UsageError
-from .glue_tasks import get_task
+from .tasks import get_task
 
-PREDICTIONS_FILE = "predict_results.tsv"  # the predictions of a --test_file (GLUE test sets use the GLUE names)
 
 
 @dataclass

@@ -11,10 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .hub_folder import write_card_dir
-from .hub_upload import publish_run
+from .folder import write_card_dir
 from .model_card import CardOptions
 from .run_inspection import DatasetRef, PublishError
+from .upload import publish_run
 
 
 def build_parser() -> argparse.ArgumentParser:

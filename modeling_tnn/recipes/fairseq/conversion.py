@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from ..configuration_tnn import TnnConfig
-from ..modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel
-from .fairseq_checkpoint import (
+from ...configuration_tnn import TnnConfig
+from ...modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel
+from .checkpoint import (
     BACKBONE_PREFIX,
     CAUSAL_LM,
     MASKED_LM,

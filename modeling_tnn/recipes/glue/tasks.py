@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.run_files import BenchmarkRecord, BenchmarkScore
+
 logger = logging.getLogger(__name__)
 # Malformed rows (too few fields, an unknown label) are skipped with a warning up to this fraction of a file;
 # beyond it the file is taken to be the wrong file and loading fails.
@@ -16,6 +18,9 @@ MAX_BAD_ROW_FRACTION = 0.01
 # The GLUE diagnostic set (AX) is predicted with the MNLI model; its file lies outside MNLI's folder.
 AX_SPLIT = "test_ax"
 AX_FILE = ("diagnostic", "diagnostic.tsv")
+# The suffix of an evaluation split's result keys: run_glue.py's naming for MNLI-mm (``eval_accuracy_mm``).
+RESULT_SUFFIXES = {"validation_mismatched": "_mm"}
+GLUE_HUB_ID = "nyu-mll/glue"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,16 @@ class GlueTask:
             raise ValueError(f"GLUE task {self.name!r} has no test split {split!r}; its test splits are "
                              f"{list(self.test_files)}.")
         return names.get(split, f"{self.folder}.tsv")
+
+    def benchmark_record(self) -> BenchmarkRecord:
+        """What the model card of a run finetuned on this task reports: the Hub dataset ``nyu-mll/glue`` and this
+        task's config, and the task's metrics on each evaluation split (plus ``combined_score`` when there are
+        several, as :func:`.metrics.glue_metrics` computes it)."""
+        metrics = [*self.metrics, "combined_score"] if len(self.metrics) > 1 else list(self.metrics)
+        scores = tuple(BenchmarkScore(key=f"eval_{metric}{RESULT_SUFFIXES.get(split, '')}", metric=metric, split=split)
+                       for split in self.eval_splits for metric in metrics)
+        return BenchmarkRecord(dataset=GLUE_HUB_ID, config=self.name, name=f"GLUE {self.folder}", scores=scores,
+                               text_pair=len(self.text_columns) == 2)
 
     def submission_label(self, label_id: int) -> str:
         """How the GLUE submission writes class ``label_id``: the benchmark's own label strings (``0``/``1`` for

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .hub_folder import build_hub_folder, check_folder, require_token, validate_repo_id
+from .folder import build_hub_folder, check_folder, require_token, validate_repo_id
 from .model_card import CardOptions
 from .run_inspection import DatasetRef, inspect_run
 

@@ -17,16 +17,13 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from .flag_checks import UsageError
+from ..common.flag_checks import UsageError
+from ..common.run_files import CONFIG_FILE, LENGTHS_PLOT, METRICS_FILE, RESULTS_FILE, TRAINER_STATE, WEIGHT_FILE
 
-TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks a complete checkpoint
 TMP_PREFIX = ".tmp-"  # checkpoints are written under this prefix, then renamed
 CHECKPOINT_NAME = re.compile(r"^(step|epoch)_(\d+)$")
-METRICS_FILE = "metrics.jsonl"
-RESULTS_FILE = "all_results.json"
 # What a run leaves in --output_dir; any of these (or a checkpoint folder) marks the folder as holding a run.
-RUN_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", METRICS_FILE,
-             RESULTS_FILE)
+RUN_FILES = (CONFIG_FILE, WEIGHT_FILE, "tokenizer.json", "tokenizer_config.json", METRICS_FILE, RESULTS_FILE)
 # Config fields that are bookkeeping rather than the model: a resumed run may differ in these.
 CONFIG_BOOKKEEPING = {"transformers_version", "_name_or_path", "architectures", "auto_map", "dtype", "torch_dtype",
                       "use_cache", "return_dict", "output_hidden_states", "output_attentions", "_commit_hash",
@@ -166,7 +163,7 @@ def clear_previous_run(output_dir: str | Path) -> list[str]:
             else:
                 shutil.rmtree(path, ignore_errors=True)
             deleted.append(name)
-    for name in (METRICS_FILE, RESULTS_FILE, "eval_lengths.png"):
+    for name in (METRICS_FILE, RESULTS_FILE, LENGTHS_PLOT):
         if (folder / name).is_file():
             (folder / name).unlink()
             deleted.append(name)

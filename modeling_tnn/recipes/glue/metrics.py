@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .glue_tasks import GlueTask, get_task
+from .tasks import GlueTask, get_task
 
 FILE_METRICS = {"classification": ("accuracy",), "regression": ("mse",)}
 

@@ -14,10 +14,11 @@ from transformers import (
     TrainingArguments,
 )
 
+from ..common.flag_checks import UsageError, first_line
+from ..common.run_files import PREDICTIONS_FILE
+from .arguments import DataTrainingArguments, ModelArguments
 from .data_files import load_data_files
-from .flag_checks import UsageError, first_line
-from .glue_arguments import PREDICTIONS_FILE, DataTrainingArguments, ModelArguments
-from .glue_tasks import AX_SPLIT, GlueTask, get_task, load_glue_local, task_file
+from .tasks import AX_SPLIT, GlueTask, get_task, load_glue_local, task_file
 
 logger = logging.getLogger(__name__)
 

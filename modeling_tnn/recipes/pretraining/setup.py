@@ -28,17 +28,16 @@ from transformers import (
 
 from modeling_tnn import list_presets, load_preset
 
+from ..common.flag_checks import UsageError, first_line, hub_hint, name_list
+from ..common.run_files import METRICS_FILE, TRAINER_STATE
+from .arguments import DEFAULT_CONFIG, check_args, parse_config_overrides
 from .checkpoints import (
-    METRICS_FILE,
-    TRAINER_STATE,
     checkpoint_differences,
     clear_previous_run,
     model_fingerprint,
     tokenizer_fingerprint,
 )
-from .flag_checks import UsageError, first_line, hub_hint, name_list
-from .lm_arguments import DEFAULT_CONFIG, check_args, parse_config_overrides
-from .lm_data import (
+from .data import (
     EpochShuffleSampler,
     data_source,
     get_tokenizer,
@@ -47,7 +46,7 @@ from .lm_data import (
     text_column_of,
     tokenize_and_group,
 )
-from .lm_evaluation import InputBuilder, position_limit
+from .evaluation import InputBuilder, position_limit
 from .tracking import MetricsLog, available_trackers, silence_tied_weight_warning
 
 logger = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..common.flag_checks import UsageError, first_line, hub_hint
+from ..common.run_files import TOKENIZER_FILES
 from .corpus import embedded_splits
-from .flag_checks import UsageError, first_line, hub_hint
-from .run_inspection import TOKENIZER_FILES
-from .tokenizer_training import train_byte_level_bpe
+from .tokenizer import train_byte_level_bpe
 
 TEXT_EXTENSIONS = {"txt": "text", "text": "text", "raw": "text", "tokens": "text", "csv": "csv", "json": "json",
                    "jsonl": "json"}

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from .checkpoints import METRICS_FILE
-from .flag_checks import UsageError
+from ..common.flag_checks import UsageError
+from ..common.run_files import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 

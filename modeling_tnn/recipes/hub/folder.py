@@ -12,8 +12,9 @@ from typing import Any
 
 from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (every Auto class a TNN folder can expose)
 
+from ..common.run_files import CONFIG_FILE, TOKENIZER_FILES, WEIGHT_FILE, WEIGHT_INDEX
 from .model_card import PLOTS_DIR, CardOptions, build_card, shipped_auto_map, usage_snippet, write_plots
-from .run_inspection import TOKENIZER_FILES, WEIGHT_FILE, WEIGHT_INDEX, PublishError, RunInfo, eval_results_from_run
+from .run_inspection import PublishError, RunInfo, eval_results_from_run
 
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # The allow-list: top-level file patterns, plus PNG plots one level down in plots/. Everything else (optimizer and
@@ -24,10 +25,11 @@ ALLOWED_PATTERNS = ("README.md", "config.json", "generation_config.json", WEIGHT
                     *TOKENIZER_FILES, f"{PLOTS_DIR}/*.png")
 
 
-def validate_repo_id(repo_id: str) -> None:
-    """``repo_id`` must be ``ORG/NAME`` (letters, digits, ``-``, ``_``, ``.``; at most 96 characters)."""
+def validate_repo_id(repo_id: str, flag: str = "--repo_id") -> None:
+    """``repo_id`` must be ``ORG/NAME`` (letters, digits, ``-``, ``_``, ``.``; at most 96 characters); the error
+    names ``flag``, the option the id came from."""
     if not isinstance(repo_id, str) or not REPO_ID_RE.match(repo_id) or len(repo_id) > 96 or ".." in repo_id:
-        raise PublishError(f"--repo_id {repo_id!r} is not a Hub model id of the form ORG/NAME.")
+        raise PublishError(f"{flag} {repo_id!r} is not a Hub model id of the form ORG/NAME.")
 
 
 def is_allowed(relative_path: str) -> bool:
