@@ -175,6 +175,18 @@ def test_allow_list():
         assert not hub_folder.is_allowed(refused), refused
 
 
+
+def test_repo_id_is_org_slash_name_as_the_hub_client_checks_it():
+    """ORG/NAME, checked by huggingface_hub's own validator (so an id the upload would refuse is refused first), with
+    one message naming the flag it came from."""
+    for valid in ("org/name", "Org-1/Name_2.x", "o/" + "n" * 96):
+        hub_folder.validate_repo_id(valid)
+    for invalid in ("no-slash", "a/b/c", "/name", "org/", "org/na..me", "org/na--me", "org/name.git", "org/-name",
+                    "org/name-", "org/na me", "org/name\n", "o/" + "n" * 97, None):
+        with pytest.raises(run_inspection.PublishError) as error:
+            hub_folder.validate_repo_id(invalid, flag="--hub_model_id")
+        assert str(error.value) == f"--hub_model_id {invalid!r} is not a Hub model id of the form ORG/NAME."
+
 @pytest.mark.parametrize("name", list(REPOS))
 def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
     paths, _ = runs
