@@ -122,7 +122,7 @@ def test_preset_parameter_counts_match_their_descriptions(preset, cls, total):
     import json
     import torch
 
-    from modeling_tnn.presets import _preset_dir
+    from modeling_tnn.preset_loading import _preset_dir
 
     with torch.device("meta"):
         model = cls(load_preset(preset))
