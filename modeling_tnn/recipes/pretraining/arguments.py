@@ -166,7 +166,7 @@ class RunArguments:
             if not self.checkpointing_steps.isdigit() or int(self.checkpointing_steps) < 1:
                 raise UsageError(f"--checkpointing_steps must be a positive integer or 'epoch', "
                                  f"got {self.checkpointing_steps!r}.")
-        self.eval_length_list  # noqa: B018  (parsed now: a bad value fails before training)
+        parse_lengths(self.eval_lengths)  # a bad value fails now, not after training
         resume_path = None
         if self.resume_from_checkpoint:
             if self.overwrite_output_dir:
@@ -216,7 +216,7 @@ class SamplingArguments:
         return parse_lengths(self.time_generation, "--time_generation")
 
     def check(self) -> None:
-        self.time_generation_list  # noqa: B018  (parsed now: a bad value fails before training)
+        parse_lengths(self.time_generation, "--time_generation")  # a bad value fails now, not after training
 
 
 # (attribute of PretrainingArguments, its dataclass, the tasks whose command line has it), in --help order.
