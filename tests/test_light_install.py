@@ -3,6 +3,7 @@ unimportable in a subprocess), and a recipe started without the extra stops with
 
 from __future__ import annotations
 
+import pytest
 from conftest import PROJECT_ROOT
 from remote_code import run_python
 
@@ -13,6 +14,7 @@ from modeling_tnn.recipes.common.extras import INSTALL_COMMAND
 TRAIN_ONLY = ("accelerate", "datasets", "sklearn", "scipy", "matplotlib")
 
 
+@pytest.mark.slow
 def test_model_builds_saves_loads_and_generates_without_the_train_extra(tmp_path):
     result = run_python(f"""
         from transformers import AutoModelForCausalLM
@@ -33,6 +35,7 @@ def test_model_builds_saves_loads_and_generates_without_the_train_extra(tmp_path
     assert "generated [[5, 6, 7," in result.stdout
 
 
+@pytest.mark.slow
 def test_a_recipe_without_the_train_extra_names_the_install_command(tmp_path):
     result = run_python(f"""
         import runpy
