@@ -76,6 +76,10 @@ def build_parser(task: str) -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=42)
     train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                        help="default: what `accelerate launch`/`accelerate config` says, else no")
+    train.add_argument("--fsdp", action="store_true",
+                       help="shard the model and optimizer over the processes with FSDP2 (each TnnBlock a unit): "
+                            "Accelerate's FSDP plugin on GPUs, torch's fully_shard over gloo on CPU processes; also "
+                            "on when `accelerate launch --use_fsdp` says so")
 
     track = parser.add_argument_group("evaluation, checkpoints and outputs")
     track.add_argument("--output_dir", default=f"outputs/train_{task}")

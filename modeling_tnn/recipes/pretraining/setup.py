@@ -47,6 +47,7 @@ from .data import (
     tokenize_and_group,
 )
 from .evaluation import InputBuilder, position_limit
+from .sharding import fsdp_plugin, fsdp_requested, prepare_sharded
 from .tracking import MetricsLog, available_trackers, silence_tied_weight_warning
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class Session:
     completed_steps: int = 0
     tokens_seen: int = 0
     fingerprint: dict[str, Any] = field(default_factory=dict)  # model config and tokenizer, see run_fingerprint
+    sharded: bool = False  # --fsdp: the model is an FSDP2 module (see sharding.prepare_sharded)
 
 
 @dataclass
@@ -181,10 +183,11 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     # Several processes and no accelerator device: without cpu=True Accelerate would run them as independent jobs.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     has_device = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    sharded = fsdp_requested(args)
     accelerator = Accelerator(cpu=world_size > 1 and not has_device,
                               gradient_accumulation_steps=args.gradient_accumulation_steps,
                               mixed_precision=args.mixed_precision, log_with=trackers or None,
-                              project_dir=args.output_dir)
+                              project_dir=args.output_dir, fsdp_plugin=fsdp_plugin() if sharded else None)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)
@@ -233,9 +236,15 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
                                   generator=torch.Generator().manual_seed(args.seed))
     eval_dataloader = DataLoader(data["validation"], batch_size=args.per_device_eval_batch_size,
                                  collate_fn=default_data_collator, generator=torch.Generator().manual_seed(args.seed))
-    optimizer = torch.optim.AdamW(optimizer_groups(model, args.weight_decay), lr=args.learning_rate)
-    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
-        model, optimizer, train_dataloader, eval_dataloader)
+    def new_optimizer(module: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(optimizer_groups(module, args.weight_decay), lr=args.learning_rate)
+
+    if sharded:  # the optimizer is built on the sharded parameters
+        model, optimizer, train_dataloader, eval_dataloader = prepare_sharded(
+            accelerator, model, new_optimizer, train_dataloader, eval_dataloader)
+    else:
+        model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+            model, new_optimizer(model), train_dataloader, eval_dataloader)
     steps_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
     max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
@@ -255,7 +264,7 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
                       max_train_steps=max_train_steps, steps_per_epoch=steps_per_epoch,
                       num_train_epochs=num_train_epochs, train_blocks=len(data["train"]),
                       fingerprint={"model_config": model_fingerprint(accelerator.unwrap_model(model)),
-                                   "tokenizer": tokenizer_fingerprint(tokenizer)})
+                                   "tokenizer": tokenizer_fingerprint(tokenizer)}, sharded=sharded)
     if args.resume_path:
         _restore(session, Path(args.resume_path))
     return session
@@ -266,7 +275,7 @@ def run_geometry(session: Session) -> dict[str, int]:
     return {"train_blocks": session.train_blocks, "block_size": args.block_size,
             "per_device_train_batch_size": args.per_device_train_batch_size,
             "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "num_processes": session.accelerator.num_processes, "seed": args.seed}
+            "num_processes": session.accelerator.num_processes, "seed": args.seed, "fsdp": session.sharded}
 
 
 def _restore(session: Session, path: Path) -> None:

@@ -1,0 +1,87 @@
+"""FSDP2 in the pretraining scripts (``--fsdp``) on 2 CPU processes over gloo: the same weights as DDP with the same
+batches, sharded checkpoints that resume exactly, one unsharded ``model.safetensors`` at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_training import SCRIPTS, TINY, _free_port, assert_same_weights
+
+from modeling_tnn.recipes.pretraining import arguments as lm_arguments
+from modeling_tnn.recipes.pretraining import setup as lm_setup
+from modeling_tnn.recipes.pretraining.sharding import SHARDED_STATE_FOLDER
+
+FSDP_LINE = "FSDP2: fully_shard (gloo) on 2 ranks"
+# 4 optimizer steps of 2 micro-batches per rank, clipped, with warmup and weight decay: every part of the loop that
+# FSDP2 changes (accumulation, the clip over DTensors, the schedule, the optimizer groups).
+COMMON = TINY + ["--max_train_steps", "4", "--checkpointing_steps", "2", "--per_device_train_batch_size", "2",
+                 "--gradient_accumulation_steps", "2", "--max_grad_norm", "0.05", "--num_warmup_steps", "2",
+                 "--weight_decay", "0.1", "--eval_steps", "2"]
+
+
+def torchrun(folder: Path, *flags: str) -> subprocess.CompletedProcess:
+    command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
+               str(_free_port()), str(SCRIPTS / "train_clm.py"), *COMMON, *flags]
+    done = subprocess.run(command, cwd=folder, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """A DDP run, the same run with --fsdp, and the --fsdp run resumed from its step-2 checkpoint."""
+    if not (Path(sys.executable).parent / "torchrun").exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    root = tmp_path_factory.mktemp("fsdp")
+    done = {}
+    for name, flags in [("ddp", []), ("fsdp", ["--fsdp"]),
+                        ("resumed", ["--fsdp", "--resume_from_checkpoint", str(root / "fsdp" / "step_2")])]:
+        done[name] = (root / name, torchrun(root, *flags, "--output_dir", str(root / name)).stderr)
+    return done
+
+
+@pytest.mark.slow
+def test_fsdp_equals_ddp(runs):
+    (ddp, ddp_log), (fsdp, fsdp_log) = runs["ddp"], runs["fsdp"]
+    assert fsdp_log.count(FSDP_LINE) == 1 and "FSDP2:" not in ddp_log
+    # The checkpoint holds each rank's shard of the model and optimizer (torch.distributed.checkpoint), no full copy.
+    checkpoint = fsdp / "step_2"
+    assert sorted(p.name for p in (checkpoint / SHARDED_STATE_FOLDER).iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not any((checkpoint / name).exists() for name in ("model.safetensors", "optimizer.bin"))
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["geometry"]["fsdp"] is True
+    # FSDP2's reduce-scatter averages the ranks' gradients as DDP's all-reduce does: the same updates.
+    assert_same_weights(fsdp, ddp, atol=1e-5)
+    fsdp_results = json.loads((fsdp / "all_results.json").read_text())
+    ddp_results = json.loads((ddp / "all_results.json").read_text())
+    assert fsdp_results["eval_loss"] == pytest.approx(ddp_results["eval_loss"], abs=1e-5)
+    # The final folder is one unsharded model.safetensors that from_pretrained loads.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(fsdp, trust_remote_code=True)
+    assert type(model).__name__ == "TnnForCausalLM"
+    assert sorted(p.name for p in fsdp.glob("*.safetensors")) == ["model.safetensors"]
+
+
+@pytest.mark.slow
+def test_resumed_fsdp_equals_straight(runs):
+    (straight, _), (resumed, resumed_log) = runs["fsdp"], runs["resumed"]
+    assert "Resumed from" in resumed_log and "at step 2" in resumed_log
+    assert_same_weights(resumed, straight, atol=1e-7)
+    straight_metrics = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    resumed_metrics = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    eval_loss = {row["step"]: row["eval_loss"] for row in straight_metrics if "eval_loss" in row}
+    assert {row["step"]: row["eval_loss"] for row in resumed_metrics if "eval_loss" in row} == {4: eval_loss[4]}
+
+
+def test_fsdp_in_one_process_is_refused(tmp_path):
+    args = lm_arguments.parse_args("clm", TINY + ["--fsdp", "--output_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="--fsdp shards the model over several processes; this run has one"):
+        lm_setup.setup(args, "clm")
+    assert not (tmp_path / "model.safetensors").exists()
