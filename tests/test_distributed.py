@@ -8,13 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_training import SCRIPTS, TINY, _free_port, assert_same_weights
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import setup as lm_setup
-from modeling_tnn.recipes.pretraining.sharding import SHARDED_STATE_FOLDER
+from modeling_tnn.recipes.pretraining.sharding import SHARDED_STATE_FOLDER, refuse_ignored_deepspeed
 
 FSDP_LINE = "FSDP2: fully_shard (gloo) on 2 ranks"
 # 4 optimizer steps of 2 micro-batches per rank, clipped, with warmup and weight decay: every part of the loop that
@@ -24,9 +25,9 @@ COMMON = TINY + ["--max_train_steps", "4", "--checkpointing_steps", "2", "--per_
                  "--weight_decay", "0.1", "--eval_steps", "2"]
 
 
-def torchrun(folder: Path, *flags: str) -> subprocess.CompletedProcess:
+def torchrun(folder: Path, *flags: str, script: str = "train_clm.py") -> subprocess.CompletedProcess:
     command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), str(SCRIPTS / "train_clm.py"), *COMMON, *flags]
+               str(_free_port()), str(SCRIPTS / script), *flags]
     done = subprocess.run(command, cwd=folder, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,7 +43,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     done = {}
     for name, flags in [("ddp", []), ("fsdp", ["--fsdp"]),
                         ("resumed", ["--fsdp", "--resume_from_checkpoint", str(root / "fsdp" / "step_2")])]:
-        done[name] = (root / name, torchrun(root, *flags, "--output_dir", str(root / name)).stderr)
+        done[name] = (root / name, torchrun(root, *COMMON, *flags, "--output_dir", str(root / name)).stderr)
     return done
 
 
@@ -85,3 +86,33 @@ def test_fsdp_in_one_process_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--fsdp shards the model over several processes; this run has one"):
         lm_setup.setup(args, "clm")
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_deepspeed_that_accelerate_left_out_is_refused(monkeypatch):
+    """`accelerate launch --use_deepspeed` on CPU processes: Accelerate sets them up as MULTI_CPU (DDP)."""
+    from accelerate.utils import DistributedType
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError, match="without DeepSpeed .on CPU processes it runs DDP instead of ZeRO"):
+        refuse_ignored_deepspeed(SimpleNamespace(distributed_type=DistributedType.MULTI_CPU))
+    refuse_ignored_deepspeed(SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    refuse_ignored_deepspeed(SimpleNamespace(distributed_type=DistributedType.MULTI_CPU))
+
+
+@pytest.mark.slow
+def test_trainer_fsdp_on_cpu_processes_runs_ddp_and_says_so(tmp_path, tokenizer):
+    """finetune_glue.py passes Trainer's own --fsdp / --fsdp_config through; Trainer's Accelerate runs CPU processes
+    as DDP whatever they say, and the script's log says so instead of staying silent."""
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    for name, rows in (("train.csv", 16), ("dev.csv", 8)):
+        lines = [f"{'a fine film' if i % 2 else 'dull and slow'} {i},{i % 2}" for i in range(rows)]
+        (tmp_path / name).write_text("sentence,label\n" + "\n".join(lines) + "\n")
+    done = torchrun(tmp_path, "--config_name", "tiny", "--tokenizer_name", str(tmp_path / "tokenizer"),
+                    "--train_file", str(tmp_path / "train.csv"), "--validation_file", str(tmp_path / "dev.csv"),
+                    "--do_train", "--do_eval", "--max_steps", "2", "--per_device_train_batch_size", "4",
+                    "--report_to", "none", "--save_strategy", "no", "--use_cpu", "--fsdp", "--fsdp_config",
+                    json.dumps({"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["TnnBlock"]}),
+                    "--output_dir", str(tmp_path / "glue"), script="finetune_glue.py")
+    assert "--fsdp: Trainer runs these 2 processes as MULTI_CPU (DDP), unsharded" in done.stdout + done.stderr
+    assert json.loads((tmp_path / "glue" / "eval_results.json").read_text())["eval_samples"] == 8

@@ -47,7 +47,7 @@ from .data import (
     tokenize_and_group,
 )
 from .evaluation import InputBuilder, position_limit
-from .sharding import fsdp_plugin, fsdp_requested, prepare_sharded
+from .sharding import fsdp_plugin, fsdp_requested, prepare_sharded, refuse_ignored_deepspeed
 from .tracking import MetricsLog, available_trackers, silence_tied_weight_warning
 
 logger = logging.getLogger(__name__)
@@ -188,6 +188,7 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
                               gradient_accumulation_steps=args.gradient_accumulation_steps,
                               mixed_precision=args.mixed_precision, log_with=trackers or None,
                               project_dir=args.output_dir, fsdp_plugin=fsdp_plugin() if sharded else None)
+    refuse_ignored_deepspeed(accelerator)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)

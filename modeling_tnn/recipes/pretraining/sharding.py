@@ -63,6 +63,15 @@ def fsdp_requested(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "fsdp", False)) or parse_flag_from_env("ACCELERATE_USE_FSDP")
 
 
+def refuse_ignored_deepspeed(accelerator: Accelerator) -> None:
+    """Raise :class:`UsageError` when ``accelerate launch --use_deepspeed`` (``ACCELERATE_USE_DEEPSPEED``) asked for
+    DeepSpeed but Accelerate set the run up without it: on CPU processes it runs them as plain DDP."""
+    if parse_flag_from_env("ACCELERATE_USE_DEEPSPEED") and accelerator.distributed_type != DistributedType.DEEPSPEED:
+        raise UsageError(f"accelerate launch --use_deepspeed: Accelerate set this run up as "
+                         f"{accelerator.distributed_type.value}, without DeepSpeed (on CPU processes it runs DDP "
+                         "instead of ZeRO). Shard on CPU processes with --fsdp; DeepSpeed needs GPUs.")
+
+
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model`` is an FSDP2 module whose parameters are DTensors."""
     return isinstance(model, FSDPModule) and any(isinstance(p, DTensor) for p in model.parameters())
