@@ -156,6 +156,6 @@ def test_a_saved_folder_holds_the_model_code_alone(tmp_path):
                for f in [package / root, *get_relative_import_files(str(package / root))]}
     assert saved == closure
     recipes = {p.name for p in (package / "recipes").rglob("*.py")}
-    assert not saved & recipes and "corpus.py" not in saved and "presets.py" not in saved
+    assert not saved & recipes and "corpus.py" not in saved and "preset_loading.py" not in saved
     for name in saved:
         assert "recipes" not in (package / name).read_text(), f"{name} mentions the recipes"

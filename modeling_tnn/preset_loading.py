@@ -6,8 +6,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-from transformers import PretrainedConfig
-
 from .configuration_tnn import TnnConfig
 
 _HERE = Path(__file__).resolve().parent
@@ -41,8 +39,8 @@ def load_preset(name_or_path: str | Path, **overrides) -> TnnConfig:
             raise ValueError(f"Unknown TNN preset {str(name_or_path)!r}: use one of {names}, a JSON file or a folder.")
         path = _preset_dir() / f"{name_or_path}.json"
     values = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
-    # TnnConfig's fields, the base config's (labels, problem_type, ...) and the usual extras transformers keeps.
-    known = set(TnnConfig().to_dict()) | set(values) | {f.name for f in dataclasses.fields(PretrainedConfig)} | {
+    # TnnConfig's fields (with the base config's: labels, problem_type, ...) and the usual extras transformers keeps.
+    known = set(TnnConfig().to_dict()) | set(values) | {f.name for f in dataclasses.fields(TnnConfig)} | {
         "num_labels", "finetuning_task", "auto_map"}
     unknown = sorted(set(overrides) - known)
     if unknown:
