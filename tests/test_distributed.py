@@ -81,7 +81,8 @@ def test_resumed_fsdp_equals_straight(runs):
     assert {row["step"]: row["eval_loss"] for row in resumed_metrics if "eval_loss" in row} == {4: eval_loss[4]}
 
 
-def test_fsdp_in_one_process_is_refused(tmp_path):
+def test_fsdp_in_one_process_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")  # Accelerator(fsdp_plugin=...) sets it; restored afterwards
     args = lm_arguments.parse_args("clm", TINY + ["--fsdp", "--output_dir", str(tmp_path)])
     with pytest.raises(ValueError, match="--fsdp shards the model over several processes; this run has one"):
         lm_setup.setup(args, "clm")

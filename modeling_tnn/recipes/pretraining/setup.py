@@ -183,12 +183,12 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     # Several processes and no accelerator device: without cpu=True Accelerate would run them as independent jobs.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     has_device = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-    sharded = fsdp_requested(args)
     accelerator = Accelerator(cpu=world_size > 1 and not has_device,
                               gradient_accumulation_steps=args.gradient_accumulation_steps,
                               mixed_precision=args.mixed_precision, log_with=trackers or None,
-                              project_dir=args.output_dir, fsdp_plugin=fsdp_plugin() if sharded else None)
+                              project_dir=args.output_dir, fsdp_plugin=fsdp_plugin() if args.fsdp else None)
     refuse_ignored_deepspeed(accelerator)
+    sharded = fsdp_requested(args, accelerator)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)

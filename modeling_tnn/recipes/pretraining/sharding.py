@@ -58,9 +58,14 @@ def fsdp_plugin() -> FullyShardedDataParallelPlugin:
                                           reshard_after_forward=True, state_dict_type="SHARDED_STATE_DICT")
 
 
-def fsdp_requested(args: argparse.Namespace) -> bool:
-    """``--fsdp``, or ``accelerate launch --use_fsdp`` / an FSDP ``accelerate config`` (``ACCELERATE_USE_FSDP``)."""
-    return bool(getattr(args, "fsdp", False)) or parse_flag_from_env("ACCELERATE_USE_FSDP")
+def fsdp_requested(args: argparse.Namespace, accelerator: Accelerator) -> bool:
+    """Whether this run shards: ``--fsdp``, Accelerate set up for FSDP (``accelerate launch --use_fsdp`` or an FSDP
+    ``accelerate config`` on GPUs), or ``accelerate launch --use_fsdp`` on CPU processes, which Accelerate sets up as
+    DDP (``MULTI_CPU``) but which the launcher marks with ``ACCELERATE_USE_FSDP``. (The variable alone is not enough:
+    ``Accelerator(fsdp_plugin=...)`` sets it in its own process, where a later one-process run would read it.)"""
+    return (bool(getattr(args, "fsdp", False)) or accelerator.distributed_type == DistributedType.FSDP
+            or (accelerator.distributed_type == DistributedType.MULTI_CPU
+                and parse_flag_from_env("ACCELERATE_USE_FSDP")))
 
 
 def refuse_ignored_deepspeed(accelerator: Accelerator) -> None:
