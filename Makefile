@@ -12,7 +12,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_PIP_FLAGS = $(if $(strip $(TORCH_INDEX_URL)),--extra-index-url $(TORCH_INDEX_URL) --retries 1)
 
-.PHONY: install demo test glue clean
+.PHONY: install demo test test-fast glue clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ demo: install  ## the main job: train a small causal TNN on the embedded corpus,
 
 test: install  ## the test suite
 	$(PY) -m pytest -q
+
+test-fast: install  ## the test suite without the tests marked slow (subprocesses, Trainer runs, signals)
+	$(PY) -m pytest -q -m "not slow"
 
 glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), finetune both on every local GLUE task
 	$(PY) run_scripts/glue_recipe.py --results_dir results/glue

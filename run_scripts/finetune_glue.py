@@ -6,8 +6,9 @@ It follows the conventions of HF's ``run_glue.py``: ``HfArgumentParser`` over mo
 ``--validation_file`` / ``--test_file`` (csv or json) for other data, dynamic padding with
 ``DataCollatorWithPadding``, ``eval_results.json`` with ``eval_`` prefixes, ``--do_predict``, and a model card in the
 output folder. It works offline: data comes from ``--glue_dir`` (the official GLUE tsv layout; for this project
-``$TNN_DATA_DIR/glue``) or the data files, and the metrics are computed with scikit-learn/scipy (``glue_data.py``),
-never ``evaluate.load``. Without ``--glue_dir`` the Hub dataset ``--dataset_name`` (``nyu-mll/glue``) is loaded.
+``$TNN_DATA_DIR/glue``) or the data files, and the metrics are computed with scikit-learn/scipy
+(``modeling_tnn.recipes.glue.metrics``), never ``evaluate.load``. Without ``--glue_dir`` the Hub dataset
+``--dataset_name`` (``nyu-mll/glue``) is loaded.
 
 Examples::
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny configs for every token mixer, a tokenizer trained on the fly, the shared data folder."""
+"""Shared fixtures and helpers: tiny configs for every token mixer, a tokenizer trained on the fly, the shared data
+folder, the bytes autograd saves, and the extractive-QA recipe (the best span of the context) answers are checked with."""
 
 from __future__ import annotations
 
@@ -82,3 +83,27 @@ def saved_bytes(function) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         function()
     return total
+
+
+def head_scores(output) -> torch.Tensor:
+    """One tensor per model output: its logits, or a question-answering head's start and end logits stacked on a last
+    axis."""
+    return output.logits if hasattr(output, "logits") else torch.stack([output.start_logits, output.end_logits], -1)
+
+
+def answer_span(start_logits: torch.Tensor, end_logits: torch.Tensor, sequence_ids: list) -> tuple[int, int]:
+    """Token indices of the best start, then of the best end at or after it, both inside the context (sequence 1)."""
+    outside = torch.tensor([s != 1 for s in sequence_ids])
+    start = int(start_logits.masked_fill(outside, float("-inf")).argmax())
+    end = start + int(end_logits[start:].masked_fill(outside[start:], float("-inf")).argmax())
+    return start, end
+
+
+def extract_answer(model, tokenizer, question: str, context: str) -> str:
+    """The README's extractive-QA recipe: encode with offsets, pick the span, cut it out of the context."""
+    enc = tokenizer(question, context, return_offsets_mapping=True, return_tensors="pt")
+    offsets = enc.pop("offset_mapping")[0]
+    with torch.no_grad():
+        out = model(**enc)
+    start, end = answer_span(out.start_logits[0], out.end_logits[0], enc.sequence_ids(0))
+    return context[int(offsets[start, 0]):int(offsets[end, 1])]

@@ -64,6 +64,7 @@ def test_export_of_a_prefill_and_a_decode_step(mixer, prompt, measured):
         torch.testing.assert_close(exported.logits, eager.logits, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_compiled_model_gives_the_eager_outputs(mixer):
     """Dynamo + AOTAutograd (backend "aot_eager": the graph capture torch.compile does, without inductor's C++

@@ -8,10 +8,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -24,7 +20,7 @@ from modeling_tnn.recipes.fairseq.checkpoint import build_config
 from modeling_tnn.recipes.fairseq.conversion import convert_fairseq_checkpoint
 
 from conftest import PROJECT_ROOT
-from remote_code import BLOCK_PACKAGE_PREAMBLE
+from remote_code import run_with_package_blocked
 
 WORDS = [f"w{i}" for i in range(20)]  # dict.txt lines: ids 4..23 (24 rows; 25 with the masked LM's <mask>)
 LM = "decoder."
@@ -246,7 +242,7 @@ def test_pre_norm_masked_lm_in_the_new_cfg_format_converts(tmp_path):
             torch.testing.assert_close(model(IDS).logits, expected, atol=1e-5, rtol=1e-5)
 
 
-REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+REMOTE_SCRIPT = """
     ids = torch.load({ids!r})
     out = {{}}
     for name, folder in (("AutoModelForCausalLM", {lm!r}), ("AutoModelForMaskedLM", {blm!r})):
@@ -255,20 +251,18 @@ REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
         with torch.no_grad():
             out[name] = model(input_ids=ids, use_cache=False).logits
     torch.save(out, {result!r})
-""")
+"""
 
 
+@pytest.mark.slow
 def test_converted_folders_load_as_remote_code_without_the_package(tmp_path):
     lm, blm = lm_state(), blm_state()
     convert_fairseq_checkpoint(save_checkpoint(tmp_path / "lm.pt", lm, args=lm_args()), tmp_path / "lm")
     convert_fairseq_checkpoint(save_checkpoint(tmp_path / "blm.pt", blm, args=argparse.Namespace(
         **blm_args(**PRE_NORM_BLM))), tmp_path / "blm")
     torch.save(IDS, tmp_path / "ids.pt")
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), ids=str(tmp_path / "ids.pt"), lm=str(tmp_path / "lm"),
-                                  blm=str(tmp_path / "blm"), result=str(tmp_path / "out.pt"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_with_package_blocked(REMOTE_SCRIPT.format(ids=str(tmp_path / "ids.pt"), lm=str(tmp_path / "lm"),
+                                                  blm=str(tmp_path / "blm"), result=str(tmp_path / "out.pt")), tmp_path)
     out = torch.load(tmp_path / "out.pt")
     torch.testing.assert_close(out["AutoModelForCausalLM"], reference_lm_logits(lm, IDS), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out["AutoModelForMaskedLM"], reference_mlm_logits(blm, IDS), atol=1e-5, rtol=1e-5)

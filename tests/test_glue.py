@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from conftest import tiny_config
 from transformers import EvalPrediction
 
@@ -24,7 +23,7 @@ from modeling_tnn.recipes.glue import tasks as glue_tasks
 from modeling_tnn.recipes.hub import upload as hub_upload
 
 # ----------------------------------------------------------------------------------------------------------------
-# Small tsv files in the official GLUE layout, written by hand (independently of glue_data's task table).
+# Small tsv files in the official GLUE layout, written by hand (independently of the task table in glue/tasks.py).
 # ----------------------------------------------------------------------------------------------------------------
 PAIRS = [("A man is playing a flute .", 'He said " the witness " left .'),
          ("The cat sat on the mat.", "The cat did not sit on the mat."),
@@ -266,16 +265,6 @@ COMMON = ["--do_train", "--do_eval", "--save_strategy", "no", "--disable_tqdm", 
 
 
 @pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core machine two threads competing with other
-    processes made a training step about 14 times slower (measured 0.49 s against 0.036 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
 def tiny_mlm_checkpoint(tmp_path, tokenizer):
     """A tiny (untrained) masked-LM TNN saved with a tokenizer, as train_mlm.py would leave it."""
     folder = tmp_path / "mlm"
@@ -285,7 +274,8 @@ def tiny_mlm_checkpoint(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("task", ["stsb", "mnli"])
-def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpoint, task, one_thread):
+@pytest.mark.slow
+def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpoint, task):
     glue_dir = write_task(tmp_path / "glue", task, repeat=4)
     out = tmp_path / "out"
     results = glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", task,
@@ -305,7 +295,8 @@ def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpo
     assert "| eval_accuracy_mm |" in card if task == "mnli" else "| eval_pearson |" in card
 
 
-def test_finetune_sst2_beats_majority_baseline(tmp_path, shared_data, one_thread):
+@pytest.mark.slow
+def test_finetune_sst2_beats_majority_baseline(tmp_path, shared_data):
     from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     glue_dir = shared_data / "glue"
@@ -436,7 +427,8 @@ PREDICT = ["--do_predict", "--report_to", "none", "--log_level", "warning", "--d
 
 
 @pytest.mark.parametrize("task", ["cola", "stsb", "wnli"])
-def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkpoint, task, one_thread):
+@pytest.mark.slow
+def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkpoint, task):
     """--do_predict alone on the real GLUE test files: the submission's file name, header, one row per test example
     (all 146 of WNLI; --max_predict_samples 7 for the others), indices in file order, labels as GLUE writes them."""
     out = tmp_path / "out"
@@ -454,7 +446,8 @@ def test_do_predict_shared_glue_test_sets(tmp_path, shared_data, tiny_mlm_checkp
         assert {value for _, value in rows} <= labels
 
 
-def test_do_predict_mnli_writes_matched_mismatched_and_ax(tmp_path, tiny_mlm_checkpoint, one_thread):
+@pytest.mark.slow
+def test_do_predict_mnli_writes_matched_mismatched_and_ax(tmp_path, tiny_mlm_checkpoint):
     glue_dir = write_test_files(write_task(tmp_path / "glue", "mnli"), "mnli", rows=6)
     out = tmp_path / "out"
     glue_finetuning.main(["--model_name_or_path", str(tiny_mlm_checkpoint), "--task_name", "mnli", "--glue_dir",
@@ -498,7 +491,8 @@ def classification_rows(repeat: int = 4) -> list[dict]:
 
 
 @pytest.mark.parametrize("ext", ["csv", "json"])
-def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoint, ext, one_thread):
+@pytest.mark.slow
+def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoint, ext):
     train = write_rows(tmp_path / f"train.{ext}", classification_rows())
     valid = write_rows(tmp_path / f"valid.{ext}", classification_rows(2))
     test = write_rows(tmp_path / f"test.{ext}", [{"id": i, "sentence": text} for i, (text, _) in enumerate(SENTIMENT)])
@@ -525,7 +519,8 @@ def test_train_validation_test_files_classification(tmp_path, tiny_mlm_checkpoin
     assert again["eval_accuracy"] == pytest.approx(predicted_pos / 4)
 
 
-def test_files_regression_and_sentence_pairs(tmp_path, tiny_mlm_checkpoint, one_thread):
+@pytest.mark.slow
+def test_files_regression_and_sentence_pairs(tmp_path, tiny_mlm_checkpoint):
     """A float label means regression (scored by mean squared error, as run_glue.py does); sentence1/sentence2 are
     taken as the pair wherever they are in the file."""
     rows = [{"genre": "news", "sentence2": b, "score_source": "x", "sentence1": a, "label": float(i) + 0.5}
@@ -554,7 +549,8 @@ def test_benchmark_record_of_a_glue_task(tmp_path):
     assert BenchmarkRecord.from_dict(json.loads(mnli.write(tmp_path).read_text())) == mnli
 
 
-def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint, one_thread):
+@pytest.mark.slow
+def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint):
     """With --task_name, files take the task's labels (class ids, Hub names or tsv spellings), its metrics and its
     column names; a --test_file replaces the task's test set and is written with the GLUE label strings."""
     rows = [{"premise": a, "hypothesis": b, "label": label}
@@ -571,7 +567,8 @@ def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint, one_thread):
     assert {v for _, v in read_submission(out / "predict_results.tsv")} <= NLI3
 
 
-def test_max_predict_samples_on_a_test_file(tmp_path, tiny_mlm_checkpoint, one_thread):
+@pytest.mark.slow
+def test_max_predict_samples_on_a_test_file(tmp_path, tiny_mlm_checkpoint):
     train = write_rows(tmp_path / "train.csv", classification_rows())
     test = write_rows(tmp_path / "test.csv", [{"sentence": f"row {i}"} for i in range(9)])
     out = tmp_path / "out"
@@ -645,16 +642,34 @@ def test_missing_local_model_folder(tmp_path, tiny_mlm_checkpoint, capsys, monke
             glue_finetuning.main([*flags, *args])
         assert fragment in str(error.value) and "\n" not in str(error.value)
 
-    # A bare name could be a Hub id: it is looked up once (no download retries); offline that fails at once.
+
+@pytest.mark.parametrize("offline", [False, True], ids=["no-network", "HF_HUB_OFFLINE"])
+def test_bare_model_id_is_looked_up_once_or_in_the_cache(tmp_path, monkeypatch, offline):
+    """A bare name could be a Hub id: it is looked up once (no download retries), or not at all with HF_HUB_OFFLINE.
+    When the Hub cannot answer, the local Hub cache decides; the refusal keeps the did-you-mean hint either way."""
     import huggingface_hub
+    from huggingface_hub import constants
 
     def no_network(*args, **kwargs):
         raise OSError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(huggingface_hub, "model_info", no_network)
-    with pytest.raises(flag_checks.UsageError, match=r"'mlmm' is not a local folder \(did you mean 'mlm'\?\), and the "
-                                                   r"Hub cannot be reached to look it up as a model id"):
-        glue_finetuning.main(["--model_name_or_path", "mlmm", *args])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlm").mkdir()
+    reason = "HF_HUB_OFFLINE is set" if offline else "Name or service not known"
+    with pytest.raises(flag_checks.UsageError, match=rf"^--model_name_or_path 'mlmm' is not a local folder \(did you "
+                                                   rf"mean 'mlm'\?\), and the Hub cannot be reached to look it up as "
+                                                   rf"a model id \(.*{reason}"):
+        flag_checks.check_local_source("mlmm", "--model_name_or_path")
+    # Laid out as huggingface_hub's cache holds a downloaded model: accepted, transformers loads it from there.
+    snapshot = tmp_path / "hub_cache" / "models--mlmm" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub_cache" / "models--mlmm" / "refs").mkdir()
+    (tmp_path / "hub_cache" / "models--mlmm" / "refs" / "main").write_text("0" * 40)
+    flag_checks.check_local_source("mlmm", "--model_name_or_path")
 
 
 def test_suite_refuses_missing_folder_and_bad_file_in_one_line(tmp_path, capsys):

@@ -174,6 +174,7 @@ def test_bert_matches_the_lra_listops_tnn_size():
     assert abs(bert_parameter_count(hidden, layers, intermediate, 18) / 10**6 - 1) < 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tnn-ski", "bert"])
 def test_training_script_smoke(tmp_path, model):
     data = tmp_path / "data"

@@ -127,7 +127,7 @@ def test_sequence_classification_problem_types(problem_type, num_labels, make_la
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
-def test_gradient_checkpointing_gives_same_loss_and_gradients(mixer):
+def test_activation_checkpointing_gives_same_loss_and_gradients(mixer):
     torch.manual_seed(0)
     model = TnnForMaskedLM(tiny_config(mixer, dropout=0.1)).train()
     ids = torch.randint(1, 128, (2, 24))
@@ -140,8 +140,9 @@ def test_gradient_checkpointing_gives_same_loss_and_gradients(mixer):
         return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     loss_plain, grads_plain = loss_and_grads()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+    # activation_checkpointing_enable: transformers' name since 5.23 (gradient_checkpointing_enable is deprecated)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert model.is_activation_checkpointing and all(layer.gradient_checkpointing for layer in model.model.layers)
     loss_ckpt, grads_ckpt = loss_and_grads()
     torch.testing.assert_close(loss_plain, loss_ckpt)
     assert len(grads_plain) == len(grads_ckpt)

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import PROJECT_ROOT
 
+from modeling_tnn.recipes.common.extras import TRAIN_MODULES
+
 # Distribution name -> import name, where they differ.
 IMPORT_NAMES = {"scikit-learn": "sklearn", "huggingface-hub": "huggingface_hub"}
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -27,8 +29,8 @@ def test_every_runtime_dependency_is_imported():
     install longer."""
     sources = "\n".join(path.read_text() for folder in ("modeling_tnn", "run_scripts")
                         for path in sorted((PROJECT_ROOT / folder).rglob("*.py")))
-    unused = []
-    for requirement in _pyproject()["project"]["dependencies"]:
+    project, unused = _pyproject()["project"], []
+    for requirement in [*project["dependencies"], *project["optional-dependencies"]["train"]]:
         name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
         module = IMPORT_NAMES.get(name.lower(), name.lower().replace("-", "_"))
         if not re.search(rf"^\s*(import|from)\s+{re.escape(module)}\b", sources, flags=re.MULTILINE):
@@ -36,8 +38,33 @@ def test_every_runtime_dependency_is_imported():
     assert not unused, f"dependencies that modeling_tnn/ and run_scripts/ never import: {unused}"
 
 
+def _names(requirements: list[str]) -> list[str]:
+    return [re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower() for requirement in requirements]
+
+
+def test_required_dependencies_are_the_models_and_the_train_extra_the_recipes():
+    """`pip install modeling-tnn` brings what the model needs; the recipes' stack is the `train` extra, which
+    recipes/common/extras.py checks for (and `dev` includes)."""
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    assert _names(project["dependencies"]) == ["torch", "transformers", "safetensors", "huggingface-hub", "tokenizers"]
+    assert sorted(_names(extras["train"])) == sorted(TRAIN_MODULES.values())
+    assert "modeling-tnn[train]" in extras["dev"]
+
+
+def test_every_package_folder_ships():
+    """pyproject lists the packages (packages.find cannot also map the presets): every folder under modeling_tnn/
+    with an __init__.py is listed."""
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    found = {".".join(path.parent.relative_to(PROJECT_ROOT).parts)
+             for path in (PROJECT_ROOT / "modeling_tnn").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
+
+
 def test_license_file_is_apache_2():
-    assert _pyproject()["project"]["license"] == {"text": "Apache-2.0"}
+    assert _pyproject()["project"]["license"] == "Apache-2.0"  # an SPDX expression (setuptools >= 77)
+    assert _pyproject()["project"]["license-files"] == ["LICENSE"]
+    assert "setuptools>=77" in _pyproject()["build-system"]["requires"]
     text = (PROJECT_ROOT / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
     for clause in ("1. Definitions.", "2. Grant of Copyright License.", "3. Grant of Patent License.",

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -19,8 +15,8 @@ from transformers import AutoModelForSequenceClassification
 from modeling_tnn import TnnConfig, TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
-from remote_code import BLOCK_PACKAGE_PREAMBLE
+from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
+from remote_code import run_with_package_blocked
 
 NEW_FIELDS = ("norm_placement", "embedding_layer_norm", "scale_embeddings", "final_norm", "classifier_pooling")
 # The two paper architectures and a mix that no preset uses, at tiny sizes.
@@ -325,7 +321,7 @@ def test_default_config_dict_holds_the_default_options():
                                                   "classifier_pooling": "auto"}
 
 
-REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+REMOTE_SCRIPT = """
     from transformers import AutoConfig
     folder = {folder!r}
     try:
@@ -338,19 +334,17 @@ REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
     assert model.config.norm_placement == "post" and model.config.final_norm == "none"
     with torch.no_grad():
         torch.save(model(torch.load({ids!r})).logits, {out!r})
-""")
+"""
 
 
+@pytest.mark.slow
 def test_remote_code_builds_the_paper_architecture(tmp_path):
     model = TnnForSequenceClassification(tiny_config(causal=False, num_labels=2, **BLM)).eval()
     _randomise_norms(model)
     model.save_pretrained(tmp_path / "model")
     ids = torch.randint(1, 128, (2, 7))
     torch.save(ids, tmp_path / "ids.pt")
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), folder=str(tmp_path / "model"),
-                                  ids=str(tmp_path / "ids.pt"), out=str(tmp_path / "out.pt"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_with_package_blocked(REMOTE_SCRIPT.format(folder=str(tmp_path / "model"), ids=str(tmp_path / "ids.pt"),
+                                                  out=str(tmp_path / "out.pt")), tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(torch.load(tmp_path / "out.pt"), model(ids).logits, atol=0, rtol=0)

@@ -10,23 +10,26 @@ import contextlib
 import io
 import json
 import math
-import os
 import re
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, tiny_config
+from conftest import PROJECT_ROOT, extract_answer, head_scores, tiny_config
 from huggingface_hub import HfApi, ModelCard
-from remote_code import BLOCK_PACKAGE_PREAMBLE
+from transformers import pipeline
+from remote_code import run_with_package_blocked
 
-from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification
+from modeling_tnn import (
+    TnnForCausalLM,
+    TnnForMaskedLM,
+    TnnForQuestionAnswering,
+    TnnForSequenceClassification,
+    TnnForTokenClassification,
+)
 from modeling_tnn.modeling_tnn import AUTO_MAP
 from modeling_tnn.recipes.glue import tasks as glue_tasks
 from modeling_tnn.recipes.hub import command as publish_command
@@ -35,7 +38,10 @@ from modeling_tnn.recipes.hub import model_card
 from modeling_tnn.recipes.hub import run_inspection
 
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBePrinted0123456789"
-REPOS = {"clm": "tnn-test/tiny-clm", "mlm": "tnn-test/tiny-mlm-fd", "rte": "tnn-test/tiny-rte-ski"}
+REPOS = {"clm": "tnn-test/tiny-clm", "mlm": "tnn-test/tiny-mlm-fd", "rte": "tnn-test/tiny-rte-ski",
+         "ner": "tnn-test/tiny-ner", "qa": "tnn-test/tiny-qa-fd"}
+PIPELINE_TAGS = {"clm": "text-generation", "mlm": "fill-mask", "rte": "text-classification",
+                 "ner": "token-classification", "qa": "question-answering"}
 # A valid 1x1 PNG: stands for the eval_lengths.png plot train_clm.py draws.
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kg"
                        "AAAABJRU5ErkJggg==")
@@ -46,6 +52,15 @@ EXCLUDED = ["optimizer.pt", "scheduler.pt", "random_states_0.pkl", "training_arg
 
 def _write_json(path: Path, value) -> None:
     path.write_text(json.dumps(value, indent=2))
+
+
+def _write_trainer_files(run: Path, eval_results: dict, train_results: dict, steps: int) -> None:
+    """What Trainer leaves after --do_train --do_eval: eval/train/all results and its state with a loss history."""
+    _write_json(run / "eval_results.json", eval_results)
+    _write_json(run / "train_results.json", train_results)
+    _write_json(run / "all_results.json", {**train_results, **eval_results})
+    _write_json(run / "trainer_state.json", {"global_step": steps, "train_batch_size": 32, "log_history": [
+        {"step": steps // 3, "loss": 0.71}, {"step": 2 * steps // 3, "loss": 0.70}, {"step": steps, "loss": 0.69}]})
 
 
 def _add_training_debris(run: Path) -> None:
@@ -75,7 +90,13 @@ def runs(tmp_path_factory, tokenizer):
     torch.manual_seed(0)
     models = {"clm": TnnForCausalLM(tiny_config("dense", **special)),
               "mlm": TnnForMaskedLM(tiny_config("fd", **special)),
-              "rte": TnnForSequenceClassification(tiny_config("ski", num_labels=2, **special))}
+              "rte": TnnForSequenceClassification(tiny_config("ski", num_labels=2, **special)),
+              "ner": TnnForTokenClassification(tiny_config("dense", num_labels=3, **special)),
+              "qa": TnnForQuestionAnswering(tiny_config("fd", **special))}
+    models["ner"].config.id2label = {0: "O", 1: "B-KW", 2: "I-KW"}
+    models["ner"].config.label2id = {"O": 0, "B-KW": 1, "I-KW": 2}
+    with torch.no_grad():  # every token a B-KW: the card's snippet then prints entities
+        models["ner"].classifier.bias.copy_(torch.tensor([0.0, 4.0, 0.0]))
     models["rte"].config.finetuning_task = "rte"
     models["rte"].config.id2label, models["rte"].config.label2id = ({0: "entailment", 1: "not_entailment"},
                                                                     {"entailment": 0, "not_entailment": 1})
@@ -111,22 +132,25 @@ def runs(tmp_path_factory, tokenizer):
     eval_results = {"epoch": 3.0, "eval_accuracy": 0.5342960288808665, "eval_loss": 0.69, "eval_runtime": 1.5,
                     "eval_samples": 277, "eval_samples_per_second": 184.6, "eval_steps_per_second": 6.0}
     train_results = {"epoch": 3.0, "train_loss": 0.7, "train_runtime": 30.25, "train_samples": 640}
-    _write_json(rte / "eval_results.json", eval_results)
-    _write_json(rte / "train_results.json", train_results)
-    _write_json(rte / "all_results.json", {**train_results, **eval_results})
+    _write_trainer_files(rte, eval_results, train_results, steps=60)
     glue_tasks.get_task("rte").benchmark_record().write(rte)  # as finetune_glue.py --task_name rte leaves it
-    _write_json(rte / "trainer_state.json", {"global_step": 60, "train_batch_size": 32, "log_history": [
-        {"step": 20, "loss": 0.71}, {"step": 40, "loss": 0.70}, {"step": 60, "loss": 0.69}]})
     (rte / "training_args.bin").write_bytes(b"pickled arguments")
     (rte / "README.md").write_text("# Trainer's own card, to be replaced\n")
     _add_training_debris(rte)
+    _write_trainer_files(paths["ner"], {"epoch": 2.0, "eval_accuracy": 0.91, "eval_f1": 0.625, "eval_precision": 0.6,
+                                        "eval_recall": 0.65, "eval_loss": 0.3, "eval_runtime": 0.5, "eval_samples": 50},
+                         {"epoch": 2.0, "train_loss": 0.4, "train_runtime": 9.5, "train_samples": 400}, steps=30)
+    _write_trainer_files(paths["qa"], {"epoch": 1.0, "eval_exact_match": 12.5, "eval_f1": 20.25, "eval_samples": 64},
+                         {"epoch": 1.0, "train_loss": 3.1, "train_runtime": 20.0, "train_samples": 800}, steps=24)
     return paths, models
 
 
 DATASET_FLAGS = {"clm": ["--dataset", "Salesforce/wikitext", "--dataset_config", "wikitext-2-raw-v1",
                          "--example_text", "def main"],
                  "mlm": ["--dataset_name", "Tiny test text", "--training_data", "the tiny training text"],
-                 "rte": []}
+                 "rte": [],
+                 "ner": ["--dataset_name", "Tiny tagged text"],
+                 "qa": ["--dataset", "rajpurkar/squad", "--dataset_config", "plain_text"]}
 
 
 def _run_main(argv: list[str]) -> tuple[int | None, str]:
@@ -166,7 +190,8 @@ def _expected_files(run: Path, name: str) -> set[str]:
     common = {"README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", *code}
     extra = {"clm": {"generation_config.json", "plots/eval_lengths.png", "plots/quality_tiny.png",
                      "plots/training_loss.png"},
-             "mlm": set(), "rte": {"plots/training_loss.png"}}
+             "mlm": set(), "rte": {"plots/training_loss.png"}, "ner": {"plots/training_loss.png"},
+             "qa": {"plots/training_loss.png"}}
     return common | extra[name]
 
 
@@ -178,6 +203,18 @@ def test_allow_list():
                     ".cache/token", "plots/sub/a.png", "plots/notes.txt", "pytorch_model.bin", "sub/modeling_tnn.py"]:
         assert not hub_folder.is_allowed(refused), refused
 
+
+
+def test_repo_id_is_org_slash_name_as_the_hub_client_checks_it():
+    """ORG/NAME, checked by huggingface_hub's own validator (so an id the upload would refuse is refused first), with
+    one message naming the flag it came from."""
+    for valid in ("org/name", "Org-1/Name_2.x", "o/" + "n" * 96):
+        hub_folder.validate_repo_id(valid)
+    for invalid in ("no-slash", "a/b/c", "/name", "org/", "org/na..me", "org/na--me", "org/name.git", "org/-name",
+                    "org/name-", "org/na me", "org/name\n", "o/" + "n" * 97, None):
+        with pytest.raises(run_inspection.PublishError) as error:
+            hub_folder.validate_repo_id(invalid, flag="--hub_model_id")
+        assert str(error.value) == f"--hub_model_id {invalid!r} is not a Hub model id of the form ORG/NAME."
 
 @pytest.mark.parametrize("name", list(REPOS))
 def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
@@ -210,9 +247,9 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     card = ModelCard.load(folder / "README.md")
     data = card.data
     assert data.license == "apache-2.0" and data.library_name == "transformers"
-    assert data.pipeline_tag == {"clm": "text-generation", "mlm": "fill-mask", "rte": "text-classification"}[name]
+    assert data.pipeline_tag == PIPELINE_TAGS[name]
     assert {"tnn", "toeplitz", "custom_code"} <= set(data.tags)
-    assert {"clm": "tnn-dense", "mlm": "fd-tnn", "rte": "ski-tnn"}[name] in data.tags
+    assert model_card.MIXER_TAGS[runs[1][name].config.token_mixer] in data.tags
     assert data.model_name == REPOS[name].split("/")[1]
     if name == "rte":
         results = json.loads((paths[name] / "eval_results.json").read_text())
@@ -225,6 +262,20 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
         # Trainer records no parameter count: the card counts the saved weights
         assert f"| parameters | {runs[1]['rte'].num_parameters():,} |" in card.text
         assert "| labels | entailment, not_entailment |" in card.text
+    elif name in ("ner", "qa"):  # every score of Trainer's eval_results.json, on the data the flags name
+        results = json.loads((paths[name] / "eval_results.json").read_text())
+        assert _metrics_by_key(card) == {(key.removeprefix("eval_"), None): value for key, value in results.items()
+                                         if key.startswith("eval_") and key not in run_inspection.NOT_SCORES}
+        assert {r.task_type for r in data.eval_results} == {PIPELINE_TAGS[name]}
+        assert {(r.dataset_type, r.dataset_config) for r in data.eval_results} == (
+            {("tiny-tagged-text", None)} if name == "ner" else {("rajpurkar/squad", "plain_text")})
+        assert data.datasets == (None if name == "ner" else ["rajpurkar/squad"])
+        steps = json.loads((paths[name] / "trainer_state.json").read_text())["global_step"]
+        assert f"| optimizer steps | {steps} |" in card.text
+        assert ("| token labels | O, B-KW, I-KW |" if name == "ner" else
+                "| output | a start and an end score for every token (the answer span) |") in card.text
+        assert "The checkpoint also loads with `AutoModel` (the backbone without its head)." in card.text
+        assert f"finetuned on {'Tiny tagged text' if name == 'ner' else 'rajpurkar/squad'}. " in card.text
     else:
         results = json.loads((paths[name] / "all_results.json").read_text())
         expected = {("perplexity", None): results["perplexity"], ("loss", None): results["eval_loss"]}
@@ -254,7 +305,7 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     assert "trust_remote_code=True" in card.text
 
 
-REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+REMOTE_SCRIPT = """
     import io, json, re, contextlib
     jobs = json.loads({jobs!r})
     ids = torch.load({ids!r})
@@ -272,14 +323,17 @@ REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
                 res = model(input_ids=ids)
                 backbone = model.model if hasattr(model, "model") else model
                 out[f"{{source}}|{{name}}|backbone"] = backbone(input_ids=ids).last_hidden_state
-            out[f"{{source}}|{{name}}"] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+            if hasattr(res, "start_logits"):  # question answering
+                out[f"{{source}}|{{name}}"] = torch.stack([res.start_logits, res.end_logits], -1)
+            else:
+                out[f"{{source}}|{{name}}"] = res.logits if hasattr(res, "logits") else res.last_hidden_state
         if job.get("snippet"):  # the card's usage snippet, verbatim
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
                 exec(job["snippet"], {{}})
             out[f"{{source}}|snippet"] = printed.getvalue()
     torch.save(out, {result!r})
-""")
+"""
 
 
 def _cache_layout(folder: Path, repo_id: str, cache: Path) -> None:
@@ -309,20 +363,15 @@ def remote_loads(runs, published, tmp_path_factory):
         snippet = re.search(r"```python\n(.*?)```", ModelCard.load(folder / "README.md").text, re.S).group(1)
         jobs.append({"source": str(folder), "classes": classes, "name": name})
         jobs.append({"source": REPOS[name], "classes": classes, "name": name, "snippet": snippet})
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), jobs=json.dumps(jobs), ids=str(root / "ids.pt"),
-                                  result=str(root / "out.pt"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(root / "hf_home"),
-           "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": "", "TRANSFORMERS_VERBOSITY": "error",
-           "OMP_NUM_THREADS": "1"}  # tiny models: threads only add contention on a shared machine
-    env.pop("HF_TOKEN", None)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    script = REMOTE_SCRIPT.format(jobs=json.dumps(jobs), ids=str(root / "ids.pt"), result=str(root / "out.pt"))
+    run_with_package_blocked(script, root, extra_env={"HF_HUB_CACHE": str(cache), "HF_HOME": str(root / "hf_home"),
+                                                      "TRANSFORMERS_VERBOSITY": "error"})
     return ids, jobs, expected_classes, torch.load(root / "out.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(REPOS))
-def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs, remote_loads, name):
+def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs, remote_loads, tokenizer, name):
     _, models = runs
     ids, jobs, expected_classes, out = remote_loads
     model = models[name]
@@ -334,7 +383,7 @@ def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs,
     torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
     try:
         with torch.no_grad():
-            reference = model(input_ids=ids).logits
+            reference = head_scores(model(input_ids=ids))
             backbone = model.model(input_ids=ids).last_hidden_state
     finally:
         torch.set_num_threads(threads)
@@ -349,6 +398,15 @@ def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs,
         assert printed.startswith("def main")
     elif name == "mlm":
         assert len(printed.strip().splitlines()) == 5  # top_k=5 guesses
+    elif name == "ner":  # what the package's own model tags in the card's example
+        tagger = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="simple")
+        entities = tagger(model_card.DEFAULT_EXAMPLES["token-classification"])
+        assert entities and all(entity["entity_group"] == "KW" for entity in entities)
+        assert printed.splitlines() == [f"{e['entity_group']}  {e['word']!r}  {e['score']:.3f}" for e in entities]
+    elif name == "qa":  # the package's own model's answer to the card's question
+        question, context = model_card.DEFAULT_QUESTION_ANSWERING_EXAMPLE
+        answer = extract_answer(model, tokenizer, question, context)
+        assert answer and answer in context and printed == answer + "\n"
     else:
         assert "'label': '" in printed and ("entailment" in printed)
 
@@ -395,7 +453,8 @@ def test_upload_creates_the_repo_and_uploads_the_folder_once(runs, published, mo
 @pytest.mark.parametrize("name, missing, message", [
     ("clm", "all_results.json", "all_results.json"),
     ("clm", "model.safetensors", "no weights"),
-    ("rte", "eval_results.json", "eval_results.json"),
+    ("rte", "eval_results.json", "eval_results.json (written by finetune_glue.py --do_eval)"),
+    ("qa", "eval_results.json", "eval_results.json (written by a Trainer script with --do_eval"),
     ("clm", "tokenizer_config.json", "no tokenizer"),
 ])
 def test_missing_results_or_weights_stop_before_upload(runs, tmp_path, monkeypatch, name, missing, message):
@@ -434,6 +493,9 @@ def test_no_token_and_bad_flags_stop_before_upload(runs, tmp_path):
         code, output = _run_main([str(paths["mlm"]), "--repo_id", REPOS["mlm"], "--dry-run", "--dataset_name", "x",
                                   "--example_text", "no mask here", "--output_dir", str(tmp_path / "y")])
         assert code == 2 and "{mask}" in output
+        code, output = _run_main([str(paths["qa"]), "--repo_id", REPOS["qa"], "--dry-run", *DATASET_FLAGS["qa"],
+                                  "--example_text", "a question", "--output_dir", str(tmp_path / "z")])
+        assert code == 2 and "--example_text does not apply to a question-answering card" in output
     create_repo.assert_not_called()
     upload.assert_not_called()
 

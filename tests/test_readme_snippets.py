@@ -40,7 +40,9 @@ def test_the_readme_shows_every_use():
     assert sorted(snippet_kind(s) for s in SNIPPETS) == sorted(kind for kind, _ in KINDS)
 
 
-@pytest.mark.parametrize("snippet", SNIPPETS, ids=[snippet_kind(s) for s in SNIPPETS])
+@pytest.mark.parametrize("snippet", [  # the Trainer snippet trains: marked slow, as the suite's other Trainer runs
+    pytest.param(s, id=snippet_kind(s), marks=[pytest.mark.slow] if snippet_kind(s) == "trainer" else [])
+    for s in SNIPPETS])
 def test_readme_snippet_runs(snippet, readme_folders, capsys):
     kind = snippet_kind(snippet)
     if kind == "peft":

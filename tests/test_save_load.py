@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,7 +14,7 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 from modeling_tnn import (TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswering, TnnForSequenceClassification,
                           TnnForTokenClassification, TnnModel)
 
-from remote_code import BLOCK_PACKAGE_PREAMBLE
+from remote_code import run_with_package_blocked
 from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
 
 AUTO_CLASSES = {
@@ -90,7 +86,7 @@ def test_tied_weights_stay_tied(tmp_path, cls):
     torch.testing.assert_close(loaded.get_input_embeddings().weight, model.get_input_embeddings().weight)
 
 
-REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+REMOTE_SCRIPT = """
     import json
     ids = torch.load({ids!r})
     out = {{}}
@@ -104,7 +100,7 @@ REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
             if name == "AutoModelForCausalLM":  # generate with the ETSC cache from the remote code
                 out[folder + "|generate"] = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     torch.save(out, {result!r})
-""")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -120,14 +116,12 @@ def remote_code_run(tmp_path_factory):
         model.save_pretrained(folder)
         models[(cls, mixer)] = (folder, model)
         jobs[folder] = [name for name in fitting if name not in NEW_HEADS]
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), ids=str(root / "ids.pt"), jobs=json.dumps(jobs),
-                                  result=str(root / "out.pt"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_with_package_blocked(REMOTE_SCRIPT.format(ids=str(root / "ids.pt"), jobs=json.dumps(jobs),
+                                                  result=str(root / "out.pt")), root)
     return ids, models, jobs, torch.load(root / "out.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, causal, fitting, contradicting, mixer", CASES_BY_MIXER)
 def test_remote_code_without_the_package(remote_code_run, cls, causal, fitting, contradicting, mixer):
     ids, models, jobs, out = remote_code_run

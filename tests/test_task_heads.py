@@ -5,11 +5,7 @@ of heads fitted to one example."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -19,8 +15,8 @@ from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassif
 
 from modeling_tnn import TnnForMaskedLM, TnnForQuestionAnswering, TnnForTokenClassification
 
-from remote_code import BLOCK_PACKAGE_PREAMBLE
-from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
+from remote_code import run_with_package_blocked
+from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, answer_span, extract_answer, head_scores, tiny_config
 
 HEADS = (TnnForTokenClassification, TnnForQuestionAnswering)
 LABELS = {"id2label": {0: "O", 1: "B-KW", 2: "I-KW"}, "label2id": {"O": 0, "B-KW": 1, "I-KW": 2}}
@@ -28,11 +24,6 @@ QUESTION = "What does it insert?"
 CONTEXT = "The assert statement is a convenient way to insert debugging assertions into a program."
 ANSWER = "debugging assertions"
 KEYWORD = "assert"
-
-
-def _scores(out) -> torch.Tensor:
-    """One tensor per output: token logits, or start and end logits stacked on a last axis."""
-    return out.logits if hasattr(out, "logits") else torch.stack([out.start_logits, out.end_logits], dim=-1)
 
 
 def _head(cls, mixer: str, **overrides):
@@ -72,12 +63,12 @@ def test_padded_row_scores_equal_the_row_alone(cls, side, causal, mixer):
     ids = pad_sequence(rows, batch_first=True, padding_value=0, padding_side=side)
     mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side=side)
     with torch.no_grad():
-        batch = _scores(model(input_ids=ids, attention_mask=mask))
+        batch = head_scores(model(input_ids=ids, attention_mask=mask))
         for i, row in enumerate(rows):
-            alone = _scores(model(input_ids=row[None]))[0]
+            alone = head_scores(model(input_ids=row[None]))[0]
             torch.testing.assert_close(batch[i][mask[i].bool()], alone, atol=1e-5, rtol=1e-5)
         # without a mask, the pad token id marks the padding (as for sequence classification)
-        torch.testing.assert_close(_scores(model(input_ids=ids)), batch)
+        torch.testing.assert_close(head_scores(model(input_ids=ids)), batch)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -186,24 +177,6 @@ def fitted(tokenizer):
     return get
 
 
-def answer_span(start_logits: torch.Tensor, end_logits: torch.Tensor, sequence_ids: list) -> tuple[int, int]:
-    """Token indices of the best start, then of the best end at or after it, both inside the context (sequence 1)."""
-    outside = torch.tensor([s != 1 for s in sequence_ids])
-    start = int(start_logits.masked_fill(outside, float("-inf")).argmax())
-    end = start + int(end_logits[start:].masked_fill(outside[start:], float("-inf")).argmax())
-    return start, end
-
-
-def extract_answer(model, tokenizer, question: str, context: str) -> str:
-    """The README's extractive-QA recipe: encode with offsets, pick the span, cut it out of the context."""
-    enc = tokenizer(question, context, return_offsets_mapping=True, return_tensors="pt")
-    offsets = enc.pop("offset_mapping")[0]
-    with torch.no_grad():
-        out = model(**enc)
-    start, end = answer_span(out.start_logits[0], out.end_logits[0], enc.sequence_ids(0))
-    return context[int(offsets[start, 0]):int(offsets[end, 1])]
-
-
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_token_classification_pipeline_on_a_saved_folder(tmp_path, tokenizer, fitted, mixer):
     fitted(TnnForTokenClassification, mixer).save_pretrained(tmp_path)
@@ -251,7 +224,7 @@ def test_question_answering_pipeline_is_gone_from_this_transformers(tmp_path, to
         pipeline("question-answering", model=str(tmp_path), trust_remote_code=True)
 
 
-REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
+REMOTE_SCRIPT = """
     import json
     ids = torch.load({ids!r})
     scores, entities = {{}}, {{}}
@@ -274,7 +247,7 @@ REMOTE_SCRIPT = BLOCK_PACKAGE_PREAMBLE + textwrap.dedent("""
     torch.save(scores, {result!r})
     with open({entities_file!r}, "w") as f:
         json.dump(entities, f)
-""")
+"""
 
 # (head, causal, mixer) of the folders loaded as remote code: the fitted heads, and untrained causal ones.
 REMOTE_CASES = [(cls, causal, mixer) for cls in HEADS
@@ -299,23 +272,20 @@ def remote_code_run(tmp_path_factory, tokenizer, fitted):
         tokenizer.save_pretrained(folder)
         models[(cls, causal, mixer)] = (folder, model)
         jobs.append({"folder": folder, "auto": cls._auto_class})
-    script = REMOTE_SCRIPT.format(root=str(PROJECT_ROOT), ids=str(root / "ids.pt"), jobs=json.dumps(jobs),
-                                  question=QUESTION, context=CONTEXT, result=str(root / "scores.pt"),
+    script = REMOTE_SCRIPT.format(ids=str(root / "ids.pt"), jobs=json.dumps(jobs), question=QUESTION,
+                                  context=CONTEXT, result=str(root / "scores.pt"),
                                   entities_file=str(root / "entities.json"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "modules"), "PYTHONPATH": "",
-           "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_with_package_blocked(script, root, extra_env={"TRANSFORMERS_VERBOSITY": "error"})
     return ids, models, torch.load(root / "scores.pt"), json.loads((root / "entities.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, causal, mixer", REMOTE_CASES)
 def test_remote_code_without_the_package(remote_code_run, tokenizer, cls, causal, mixer):
     ids, models, scores, entities = remote_code_run
     folder, model = models[(cls, causal, mixer)]
     with torch.no_grad():
-        torch.testing.assert_close(scores[folder], _scores(model(input_ids=ids)), atol=0, rtol=0)
+        torch.testing.assert_close(scores[folder], head_scores(model(input_ids=ids)), atol=0, rtol=0)
     if causal:
         return  # untrained: the scores are what is compared
     if cls is TnnForTokenClassification:

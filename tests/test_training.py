@@ -272,6 +272,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
 def test_two_cpu_processes_are_ddp(tmp_path, launcher):
     """Both launch paths the README documents: `accelerate launch --cpu --num_processes 2` (which accelerate runs

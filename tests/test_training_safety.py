@@ -11,17 +11,13 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = PROJECT_ROOT / "run_scripts"
-
-from remote_code import BLOCK_PACKAGE_PREAMBLE  # noqa: E402
+from conftest import PROJECT_ROOT
+from remote_code import run_with_package_blocked
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import checkpoints
@@ -33,6 +29,7 @@ from modeling_tnn.recipes.pretraining import stop_signals
 from modeling_tnn.recipes.pretraining import tracking
 from modeling_tnn.recipes.pretraining import training as lm_training
 
+SCRIPTS = PROJECT_ROOT / "run_scripts"
 TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
         "--max_eval_samples", "4", "--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "4"]
 
@@ -143,6 +140,7 @@ def test_checkpoint_records_the_model_config_and_tokenizer(finished_run):
 # ----------------------------------------------------------------------------------------------------------------
 # Signals, rotation, the tied-weight warning
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
     out = tmp_path / "run"
     command = [sys.executable, str(SCRIPTS / "train_clm.py"), *TINY, *data, "--output_dir", str(out),
@@ -185,6 +183,7 @@ def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
     assert logged[-2:] == [step + 1, step + 2] and logged.count(step + 1) == 1
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
     calls = {"n": 0}
     original = lm_evaluation.InputBuilder.__call__
@@ -212,6 +211,34 @@ def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
                                  "--max_train_steps", "3", "--checkpointing_steps", "20"])
     assert outcome.results["train_steps"] == 3 and (out / "model.safetensors").is_file()
 
+
+
+class _Processes:
+    """What StopOnSignal.requested uses of an Accelerator: ``reduce`` max-combines this process's tensor with what
+    the other processes sent, as the collective does (and records what this process sent)."""
+
+    def __init__(self, *others: torch.Tensor):
+        self.num_processes, self.device, self.others, self.sent = 1 + len(others), torch.device("cpu"), others, []
+
+    def reduce(self, tensor, reduction):
+        assert reduction == "max"
+        self.sent.append(tensor)
+        return torch.stack([tensor, *self.others]).amax(0)
+
+
+def _stopper(signal_name):
+    stopper = stop_signals.StopOnSignal()
+    stopper.signal_name = signal_name  # as its handler sets it
+    return stopper
+
+
+def test_every_process_agrees_on_the_signal_that_stops_them():
+    """A signal that reached one process stops all of them with its name (so each exits with 130 or 143)."""
+    for here, elsewhere, agreed in [(None, None, None), (None, "SIGTERM", "SIGTERM"), ("SIGINT", None, "SIGINT"),
+                                    (None, "SIGINT", "SIGINT"), ("SIGINT", "SIGTERM", "SIGTERM")]:
+        other = _Processes(torch.zeros(1, dtype=torch.long))
+        _stopper(elsewhere).requested(other)
+        assert _stopper(here).requested(_Processes(*other.sent)) == agreed, (here, elsewhere)
 
 def test_checkpoints_total_limit_keeps_the_newest(tmp_path, data, caplog):
     out = tmp_path / "run"
@@ -314,6 +341,7 @@ def test_time_generation_reports_cached_and_full_recompute(finished_run):
 # ----------------------------------------------------------------------------------------------------------------
 # Saved tokenizers load with plain AutoTokenizer where modeling_tnn is blocked
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path, finished_run):
     from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
@@ -321,7 +349,7 @@ def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path
     own = train_byte_level_bpe(["a tokenizer folder on its own"] * 20, vocab_size=270)
     own.save_pretrained(alone)
     expected = lm_data.AutoTokenizer.from_pretrained(finished_run)("def f(x): return x").input_ids
-    script = BLOCK_PACKAGE_PREAMBLE.format(root=str(PROJECT_ROOT)) + textwrap.dedent(f"""
+    done = run_with_package_blocked(f"""
         import json, warnings
         warnings.simplefilter("always")
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -333,10 +361,7 @@ def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path
         out["run_fast"] = PreTrainedTokenizerFast.from_pretrained(run)("def f(x): return x").input_ids
         out["run_remote"] = AutoTokenizer.from_pretrained(run, trust_remote_code=True)("def f(x): return x").input_ids
         print("RESULT " + json.dumps(out))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    """, tmp_path)
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert result["alone"] == len(own)
     assert result["checkpoint"] == result["run_fast"] == result["run_remote"] == expected

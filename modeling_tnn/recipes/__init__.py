@@ -1,5 +1,11 @@
-"""Training, evaluation and publishing machinery behind the scripts in ``run_scripts/``.
+"""Training, evaluation and publishing machinery behind the scripts in ``run_scripts/``, one subpackage per task:
+``common`` (what every group uses), ``pretraining``, ``glue``, ``listops``, ``hub`` and ``fairseq``.
 
 The model modules of :mod:`modeling_tnn` never import this subpackage, so the code copied next to a saved model (and
-to the Hub) stays the model alone.
+to the Hub) stays the model alone. The recipes need the ``train`` extra (``pip install "modeling-tnn[train]"``);
+importing them without it stops here with that command.
 """
+
+from .common.extras import require_train_extra
+
+require_train_extra()

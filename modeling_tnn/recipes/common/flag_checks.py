@@ -78,28 +78,30 @@ def closest_name(path: Path) -> str:
 
 
 def hub_lookup_error(value: str) -> str | None:
-    """``None`` when ``value`` can be loaded as a Hub model id (it exists there, or is in the local Hub cache, or the
-    Hub is switched off with ``HF_HUB_OFFLINE`` and transformers will look in the cache itself); else why not. One
-    metadata request, which fails at once without the network (file downloads retry for about 45 s first)."""
+    """``None`` when ``value`` can be loaded as a Hub model id (it exists there, or is in the local Hub cache); else
+    why not. One metadata request, which fails at once without the network (file downloads retry for about 45 s
+    first); none with ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set, where only the cache counts."""
     from huggingface_hub import constants, model_info, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     if constants.HF_HUB_OFFLINE:
-        return None
-    try:
-        model_info(value, timeout=10)
-    except GatedRepoError:
-        return None
-    except RepositoryNotFoundError:
-        return "nor a model on the Hub (a private one needs `hf auth login`)"
-    except Exception as error:  # no network: connection errors, timeouts
+        unreachable = "HF_HUB_OFFLINE is set and the Hub cache does not hold it"
+    else:
         try:
-            if isinstance(try_to_load_from_cache(value, "config.json"), str):
-                return None
-        except Exception:  # an id the cache cannot even parse
-            pass
-        return f"and the Hub cannot be reached to look it up as a model id ({first_line(error)})"
-    return None
+            model_info(value, timeout=10)
+            return None
+        except GatedRepoError:
+            return None
+        except RepositoryNotFoundError:
+            return "nor a model on the Hub (a private one needs `hf auth login`)"
+        except Exception as error:  # no network: connection errors, timeouts
+            unreachable = first_line(error)
+    try:
+        if isinstance(try_to_load_from_cache(value, "config.json"), str):
+            return None
+    except Exception:  # an id the cache cannot even parse
+        pass
+    return f"and the Hub cannot be reached to look it up as a model id ({unreachable})"
 
 
 def check_local_source(value: str | None, flag: str, needs: Sequence[str] = ("config.json",),

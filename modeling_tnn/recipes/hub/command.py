@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="publish.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a training output folder (train_clm.py, train_mlm.py or "
-                                                           "finetune_glue.py --output_dir)")
+                                                           "finetune_glue.py --output_dir, or a Trainer run of a "
+                                                           "token-classification or question-answering head)")
     parser.add_argument("--repo_id", required=True, help="the Hub model repository, ORG/NAME")
     parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                         help="build the folder, print its path and files, upload nothing")
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     card.add_argument("--base_model", help="Hub id of the model this one was finetuned from")
     card.add_argument("--hardware", help="what the run trained on, when its files do not say (e.g. '2 CPU cores')")
     card.add_argument("--example_text", help="the text of the usage snippet (fill-mask: put {mask} where the mask "
-                                             "token goes)")
+                                             "token goes; question answering keeps its own question and context)")
     card.add_argument("--description", help="replace the card's first paragraph")
     card.add_argument("--plot", action="append", default=[], metavar="PNG",
                       help="a PNG kept outside RUN_DIR to show in the card too (repeatable); RUN_DIR's *.png are "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import re
 import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -16,7 +15,6 @@ from ..common.run_files import CONFIG_FILE, TOKENIZER_FILES, WEIGHT_FILE, WEIGHT
 from .model_card import PLOTS_DIR, CardOptions, build_card, shipped_auto_map, usage_snippet, write_plots
 from .run_inspection import PublishError, RunInfo, eval_results_from_run
 
-REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # The allow-list: top-level file patterns, plus PNG plots one level down in plots/. Everything else (optimizer and
 # scheduler states, RNG states, checkpoints, training_args.bin, trainer_state.json, metrics and logs, caches, ...)
 # is refused by check_folder. "*.py" is narrowed further by build_hub_folder to the model code's import closure.
@@ -26,10 +24,19 @@ ALLOWED_PATTERNS = ("README.md", "config.json", "generation_config.json", WEIGHT
 
 
 def validate_repo_id(repo_id: str, flag: str = "--repo_id") -> None:
-    """``repo_id`` must be ``ORG/NAME`` (letters, digits, ``-``, ``_``, ``.``; at most 96 characters); the error
-    names ``flag``, the option the id came from."""
-    if not isinstance(repo_id, str) or not REPO_ID_RE.match(repo_id) or len(repo_id) > 96 or ".." in repo_id:
-        raise PublishError(f"{flag} {repo_id!r} is not a Hub model id of the form ORG/NAME.")
+    """``repo_id`` must be ``ORG/NAME`` and pass ``huggingface_hub.utils.validate_repo_id`` (the check the Hub
+    client applies before any request: letters, digits, ``-``, ``_``, ``.``, no ``--`` or ``..``, no ``.git``
+    ending, at most 96 characters a part); the :class:`PublishError` names ``flag``, the option the id came from."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id as hub_validate_repo_id
+
+    refused = PublishError(f"{flag} {repo_id!r} is not a Hub model id of the form ORG/NAME.")
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1:  # a bare NAME would go to the token's namespace
+        raise refused
+    try:
+        hub_validate_repo_id(repo_id)
+    except HFValidationError:
+        raise refused from None
 
 
 def is_allowed(relative_path: str) -> bool:

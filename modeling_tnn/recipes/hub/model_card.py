@@ -12,7 +12,7 @@ from typing import Any
 
 from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (every Auto class a TNN folder can expose)
 
-from .run_inspection import DatasetRef, PublishError, RunInfo, eval_results_from_run
+from .run_inspection import HEAD_AUTO_CLASS, DatasetRef, PublishError, RunInfo, eval_results_from_run
 
 PLOTS_DIR = "plots"
 MIXER_TAGS = {"dense": "tnn-dense", "fd": "fd-tnn", "ski": "ski-tnn"}
@@ -27,8 +27,12 @@ MIXER_TEXT = {
 }
 DEFAULT_EXAMPLES = {"text-generation": "Once upon a time", "fill-mask": "The capital of France is {mask}.",
                     "text-classification": "This film was a delight from start to finish.",
-                    "feature-extraction": "Toeplitz matrices are constant along each diagonal."}
+                    "feature-extraction": "Toeplitz matrices are constant along each diagonal.",
+                    "token-classification": "Ada Lovelace wrote programs for Charles Babbage's Analytical Engine."}
 DEFAULT_PAIR_EXAMPLE = ("The cat sat on the mat.", "A cat was sitting on the mat.")
+DEFAULT_QUESTION_ANSWERING_EXAMPLE = ("What does the assert statement insert?",
+                                      "The assert statement is a convenient way to insert debugging assertions "
+                                      "into a program.")
 
 
 @dataclass
@@ -73,6 +77,8 @@ def usage_snippet(info: RunInfo, repo_id: str, example_text: str | None = None) 
     """A Python snippet that loads the published model from ``repo_id`` with ``trust_remote_code=True`` and runs it.
     ``AutoTokenizer`` needs the flag too: it reads config.json, whose ``auto_map`` points at remote code."""
     tag = info.pipeline_tag
+    if tag == "question-answering":
+        return _question_answering_snippet(repo_id, example_text)
     text = example_text or DEFAULT_EXAMPLES[tag]
     if tag == "text-generation":
         return (
@@ -105,6 +111,14 @@ def usage_snippet(info: RunInfo, repo_id: str, example_text: str | None = None) 
             f"classify = pipeline(\"text-classification\", model={_py(repo_id)}, trust_remote_code=True)\n"
             f"print(classify({example}))\n"
         )
+    if tag == "token-classification":
+        return (
+            "from transformers import pipeline\n\n"
+            f"tagger = pipeline(\"token-classification\", model={_py(repo_id)}, trust_remote_code=True,\n"
+            "                  aggregation_strategy=\"simple\")\n"
+            f"for entity in tagger({_py(text)}):\n"
+            "    print(f\"{entity['entity_group']}  {entity['word']!r}  {entity['score']:.3f}\")\n"
+        )
     return (
         "import torch\nfrom transformers import AutoModel, AutoTokenizer\n\n"
         f"repo_id = {_py(repo_id)}\n"
@@ -113,6 +127,31 @@ def usage_snippet(info: RunInfo, repo_id: str, example_text: str | None = None) 
         "with torch.no_grad():\n"
         f"    hidden = model(**tokenizer({_py(text)}, return_tensors=\"pt\")).last_hidden_state\n"
         "print(hidden.shape)\n"
+    )
+
+
+def _question_answering_snippet(repo_id: str, example_text: str | None) -> str:
+    """transformers 5 has no ``question-answering`` pipeline: the answer is the best span of the context, start then
+    end, cut out of the text through the fast tokenizer's offsets."""
+    if example_text is not None:
+        raise PublishError("--example_text does not apply to a question-answering card: its example is a question "
+                           "with a context; leave the flag out.")
+    question, context = DEFAULT_QUESTION_ANSWERING_EXAMPLE
+    return (
+        "import torch\nfrom transformers import AutoModelForQuestionAnswering, AutoTokenizer\n\n"
+        f"repo_id = {_py(repo_id)}\n"
+        "tokenizer = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=True)\n"
+        "model = AutoModelForQuestionAnswering.from_pretrained(repo_id, trust_remote_code=True).eval()\n"
+        f"question = {_py(question)}\n"
+        f"context = {_py(context)}\n"
+        "enc = tokenizer(question, context, return_offsets_mapping=True, return_tensors=\"pt\")\n"
+        "offsets = enc.pop(\"offset_mapping\")[0]\n"
+        "with torch.no_grad():\n"
+        "    out = model(**enc)\n"
+        "outside = torch.tensor([s != 1 for s in enc.sequence_ids(0)])  # question, special and pad tokens\n"
+        "start = int(out.start_logits[0].masked_fill(outside, float(\"-inf\")).argmax())\n"
+        "end = start + int(out.end_logits[0, start:].masked_fill(outside[start:], float(\"-inf\")).argmax())\n"
+        "print(context[int(offsets[start, 0]):int(offsets[end, 1])])\n"
     )
 
 
@@ -125,11 +164,12 @@ def shipped_auto_map(code_files: Iterable[Path]) -> dict[str, str]:
 
 
 def applicable_auto_classes(info: RunInfo) -> list[str]:
-    """The Auto classes that load this checkpoint: the base model, the LM head that fits its saved ``causal``
-    value, and sequence classification (a new head on a pretrained backbone)."""
+    """The Auto classes that load this checkpoint: the base model and a finetuned head's own class; for a language
+    model, the LM head that fits its saved ``causal`` value and sequence classification (a new head on a pretrained
+    backbone)."""
+    if info.finetuned:
+        return ["AutoModel", HEAD_AUTO_CLASS[info.architecture]]
     head = "AutoModelForCausalLM" if info.causal else "AutoModelForMaskedLM"
-    if info.architecture == "TnnForSequenceClassification":
-        return ["AutoModel", "AutoModelForSequenceClassification"]
     return ["AutoModel", head, "AutoModelForSequenceClassification"]
 
 
@@ -167,19 +207,22 @@ def _architecture_table(info: RunInfo) -> str:
         rows += [("generation cache", f"`{config.get('generation_cache') or 'default'}`"),
                  ("`etsc_length`", config.get("etsc_length"))]
     rows += [("tied embeddings", config.get("tie_word_embeddings")), ("dropout", config.get("dropout"))]
-    if info.architecture == "TnnForSequenceClassification":
+    if info.architecture in ("TnnForSequenceClassification", "TnnForTokenClassification"):
         labels = [label for _, label in sorted((config.get("id2label") or {}).items(), key=lambda kv: int(kv[0]))]
         if config.get("problem_type") == "regression" or len(labels) == 1:
             rows.append(("output", "one regression score"))
         else:
-            rows.append(("labels", ", ".join(str(label) for label in labels)))
+            rows.append(("labels" if info.architecture == "TnnForSequenceClassification" else "token labels",
+                         ", ".join(str(label) for label in labels)))
+    if info.architecture == "TnnForQuestionAnswering":
+        rows.append(("output", "a start and an end score for every token (the answer span)"))
     rows.append(("saved with transformers", config.get("transformers_version")))
     return "\n".join(["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None])
 
 
 def _training_table(info: RunInfo, options: CardOptions) -> str:
     results, rows = info.results, []
-    if info.architecture == "TnnForSequenceClassification":
+    if info.finetuned:
         train, state = info.train_results or results, info.trainer_state
         rows += [("optimizer steps", state.get("global_step")), ("epochs", train.get("epoch")),
                  ("batch size per device", state.get("train_batch_size")),
@@ -255,7 +298,7 @@ def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
         items.append("SKI is bidirectional only; its low-rank part approximates the Toeplitz kernel with "
                      f"{_fmt(config.get('ski_rank'))} inducing points per sequence.")
     block = info.results.get("block_size")
-    if block and info.architecture != "TnnForSequenceClassification":
+    if block and not info.finetuned:
         lengths = sorted(int(n) for n in (info.results.get("eval_lengths") or {}))
         extra = (f" The perplexity at {', '.join(f'{n:,}' for n in lengths)} tokens is in the results above."
                  if lengths else " Longer inputs run (there is no position table), but the run's results file holds "
@@ -263,7 +306,7 @@ def _limitations(info: RunInfo, code_files: Sequence[Path]) -> str:
         items.append(f"Trained on sequences of {block:,} tokens.{extra}")
     params = info.num_parameters
     size = f"{params:,} parameters" if params else "A research model"
-    if info.architecture == "TnnForSequenceClassification":
+    if info.finetuned:
         examples = (info.train_results or info.results).get("train_samples")
         seen = f" finetuned on {examples:,} examples" if isinstance(examples, int) else ""
         items.append(f"{size}{seen}: a small research model, not meant for production use; check its scores "
@@ -298,24 +341,29 @@ def build_card(info: RunInfo, repo_id: str, options: CardOptions, code_files: Se
                          eval_results=eval_results)
 
     kind = {"TnnForCausalLM": "causal language model", "TnnForMaskedLM": "masked (bidirectional) language model",
-            "TnnForSequenceClassification": "sequence classifier", "TnnModel": "Toeplitz Neural Network backbone"}
+            "TnnForSequenceClassification": "sequence classifier", "TnnModel": "Toeplitz Neural Network backbone",
+            "TnnForTokenClassification": "token classifier",
+            "TnnForQuestionAnswering": "extractive question-answering model"}
     if benchmark is not None:
         trained_on = f"finetuned on {benchmark.name} (`{benchmark.dataset}`, config `{benchmark.config}`)"
     else:
         data_name = options.training_data or dataset.name or dataset.hub_id
-        trained_on = f"trained on {data_name}" if data_name else "trained"
+        verb = "finetuned" if info.finetuned else "trained"
+        trained_on = f"{verb} on {data_name}" if data_name else verb
     if options.base_model:
         trained_on += f", starting from [`{options.base_model}`](https://huggingface.co/{options.base_model})"
     intro = options.description or (f"A Toeplitz Neural Network (TNN) {kind[info.architecture]} {trained_on}. "
                                      f"Its token mixer is {MIXER_TEXT[mixer]}.")
     auto = ", ".join(f"`{name}`" for name in applicable_auto_classes(info))
+    also = ("The checkpoint also loads with `AutoModel` (the backbone without its head)." if info.finetuned else
+            f"The checkpoint also loads with {auto} (a classification head is newly initialised).")
     sections = [
         f"# {name}", intro,
         "## Usage",
         "The model code ships in this repository, so `trust_remote_code=True` is required (also for "
         "`AutoTokenizer`, which reads `config.json`); the `modeling_tnn` package does not need to be installed.",
         f"```python\n{usage_snippet(info, repo_id, options.example_text)}```",
-        f"The checkpoint also loads with {auto} (a classification head is newly initialised).",
+        also,
         "## Results", _results_table(eval_results, info.results_file.name),
         "## Model", _architecture_table(info),
         "## Training", _training_table(info, options),

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modeling_tnn.modeling_tnn import AUTO_MAP
+
 from ..common.run_files import (
     BENCHMARK_FILE,
     CONFIG_FILE,
@@ -28,12 +30,18 @@ from ..common.run_files import (
 
 logger = logging.getLogger(__name__)
 PIPELINE_TAGS = {"TnnForCausalLM": "text-generation", "TnnForMaskedLM": "fill-mask",
-                 "TnnForSequenceClassification": "text-classification", "TnnModel": "feature-extraction"}
-HEAD_AUTO_CLASS = {"TnnForCausalLM": "AutoModelForCausalLM", "TnnForMaskedLM": "AutoModelForMaskedLM",
-                   "TnnForSequenceClassification": "AutoModelForSequenceClassification", "TnnModel": "AutoModel"}
+                 "TnnForSequenceClassification": "text-classification", "TnnModel": "feature-extraction",
+                 "TnnForTokenClassification": "token-classification", "TnnForQuestionAnswering": "question-answering"}
+# The Auto class of each architecture, from the auto_map every saved folder carries.
+HEAD_AUTO_CLASS = {target.split(".")[1]: auto for auto, target in AUTO_MAP.items() if auto != "AutoConfig"}
+# Heads finetuned with Trainer: their scores are its eval_results.json, their training its trainer_state.json.
+FINETUNED_HEADS = ("TnnForSequenceClassification", "TnnForTokenClassification", "TnnForQuestionAnswering")
+TASK_NAMES = {"text-classification": "Text classification", "token-classification": "Token classification",
+              "question-answering": "Question answering"}
 METRIC_NAMES = {"perplexity": "Perplexity", "loss": "Cross-entropy loss (nats per token)", "accuracy": "Accuracy",
                 "f1": "F1", "matthews_correlation": "Matthews correlation", "pearson": "Pearson correlation",
-                "spearmanr": "Spearman correlation", "combined_score": "Combined score"}
+                "spearmanr": "Spearman correlation", "combined_score": "Combined score", "precision": "Precision",
+                "recall": "Recall", "exact_match": "Exact match"}
 # Trainer's bookkeeping numbers in eval_results.json: not scores.
 NOT_SCORES = ("eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_samples",
               "epoch", "eval_model_preparation_time")
@@ -76,7 +84,7 @@ class RunInfo:
     weight_files: list[str] = field(default_factory=list)
     tokenizer_files: list[str] = field(default_factory=list)
     plot_files: list[Path] = field(default_factory=list)
-    benchmark: BenchmarkRecord | None = None  # the benchmark task of a classifier's run (benchmark.json)
+    benchmark: BenchmarkRecord | None = None  # the benchmark task of a finetuned head's run (benchmark.json)
 
     @property
     def causal(self) -> bool:
@@ -85,6 +93,11 @@ class RunInfo:
     @property
     def pipeline_tag(self) -> str:
         return PIPELINE_TAGS[self.architecture]
+
+    @property
+    def finetuned(self) -> bool:
+        """Whether the run finetuned a task head with Trainer (its results and state are Trainer's files)."""
+        return self.architecture in FINETUNED_HEADS
 
     @property
     def num_parameters(self) -> int | None:
@@ -159,13 +172,15 @@ def inspect_run(run_dir: str | Path) -> RunInfo:
         hint = f" (found {', '.join(found)}: save with safetensors)" if found else ""
         raise PublishError(f"no weights in {path}: expected {WEIGHT_FILE} or {WEIGHT_INDEX}{hint}.")
 
-    if architecture == "TnnForSequenceClassification":
+    if architecture in FINETUNED_HEADS:
         results_file = path / EVAL_RESULTS_FILE
         if not results_file.is_file() and (path / RESULTS_FILE).is_file():
             results_file = path / RESULTS_FILE  # Trainer writes both; all_results.json also holds eval_*
         if not results_file.is_file():
-            raise PublishError(f"no results file in {path}: expected eval_results.json (written by "
-                               "finetune_glue.py --do_eval); the model-index is read from it, never typed by hand.")
+            writer = ("finetune_glue.py --do_eval" if architecture == "TnnForSequenceClassification" else
+                      "a Trainer script with --do_eval, as transformers' run_ner.py and run_qa.py")
+            raise PublishError(f"no results file in {path}: expected eval_results.json (written by {writer}); the "
+                               "model-index is read from it, never typed by hand.")
     else:
         results_file = path / RESULTS_FILE
         if not results_file.is_file():
@@ -187,7 +202,7 @@ def inspect_run(run_dir: str | Path) -> RunInfo:
         info.train_results = _read_json(path / TRAIN_RESULTS_FILE)
     if (path / TRAINER_STATE).is_file():
         info.trainer_state = _read_json(path / TRAINER_STATE)
-    if architecture == "TnnForSequenceClassification" and (path / BENCHMARK_FILE).is_file():
+    if architecture in FINETUNED_HEADS and (path / BENCHMARK_FILE).is_file():
         try:
             info.benchmark = BenchmarkRecord.from_dict(_read_json(path / BENCHMARK_FILE))
         except (KeyError, TypeError) as error:
@@ -206,15 +221,15 @@ def eval_results_from_run(info: RunInfo, dataset: DatasetRef) -> list[Any]:
     """The card's ``eval_results`` (``huggingface_hub.EvalResult``), every value read from ``info.results_file``.
 
     Language models: ``perplexity`` and ``eval_loss`` of ``all_results.json``, plus the perplexity at every length of
-    its ``eval_lengths`` table. Classifiers: the task's metrics (``eval_accuracy``, ``eval_f1``, ...) of
-    ``eval_results.json``; for a benchmark run (a ``benchmark.json`` in the folder, e.g. GLUE's) the record's dataset,
-    config, scores and splits.
+    its ``eval_lengths`` table. Finetuned heads (classifiers, token classifiers, question answering): the task's
+    metrics (``eval_accuracy``, ``eval_f1``, ``eval_exact_match``, ...) of ``eval_results.json``; for a benchmark
+    run (a ``benchmark.json`` in the folder, e.g. GLUE's) the record's dataset, config, scores and splits.
     """
     from huggingface_hub import EvalResult
 
     results, source = info.results, info.results_file.name
     out: list[EvalResult] = []
-    if info.architecture == "TnnForSequenceClassification":
+    if info.finetuned:
         benchmark = info.benchmark
         if benchmark is not None:
             scores = list(benchmark.scores)
@@ -231,11 +246,12 @@ def eval_results_from_run(info: RunInfo, dataset: DatasetRef) -> list[Any]:
             if benchmark is not None:
                 ref_type, ref_name, ref_config = benchmark.dataset, benchmark.name, benchmark.config
             else:
-                ref_type, ref_name, ref_config = dataset.model_index_type, dataset.name, dataset.config
+                ref_type, ref_config = dataset.model_index_type, dataset.config
+                ref_name = dataset.name or dataset.hub_id  # a Hub id alone names the data too
             if not ref_type:
                 raise PublishError("the model-index needs a dataset: pass --dataset (a Hub dataset id) and/or "
-                                   "--dataset_name for a classifier that is not a GLUE run.")
-            out.append(EvalResult(task_type="text-classification", task_name="Text classification",
+                                   "--dataset_name for a finetuned model that is not a GLUE run.")
+            out.append(EvalResult(task_type=info.pipeline_tag, task_name=TASK_NAMES[info.pipeline_tag],
                                   dataset_type=ref_type, dataset_name=ref_name, dataset_config=ref_config,
                                   dataset_split=split, metric_type=metric,
                                   metric_name=METRIC_NAMES.get(metric, metric),

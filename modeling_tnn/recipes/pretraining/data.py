@@ -1,10 +1,11 @@
-"""Pretraining data: a Hub dataset, local text/csv/json files or the embedded corpus; the tokenizer (loaded or trained
-on the fly); blocks of ``--block_size`` tokens; a resumable shuffle."""
+"""Pretraining data: its flags (:class:`DataTrainingArguments`), a Hub dataset, local text/csv/json files or the
+embedded corpus; the tokenizer (loaded or trained on the fly); blocks of ``--block_size`` tokens; a resumable
+shuffle."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
@@ -19,6 +20,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..common.argument_groups import flag
 from ..common.flag_checks import UsageError, first_line, hub_hint
 from ..common.run_files import TOKENIZER_FILES
 from .corpus import embedded_splits
@@ -36,6 +38,56 @@ def data_file_type(path: str, flag: str) -> str:
         raise UsageError(f"{flag} {path!r}: unsupported extension {extension!r}; use one of "
                          f"{sorted(TEXT_EXTENSIONS)}.")
     return TEXT_EXTENSIONS[extension]
+
+
+@dataclass
+class DataTrainingArguments:
+    """The ``data`` flags: where the text comes from, how much of it is held out and evaluated, how it is tokenized."""
+
+    title = "data"  # the --help section
+
+    dataset_name: str | None = flag(help="a Hub dataset (needs the network)")
+    dataset_config_name: str | None = flag(help="the configuration of --dataset_name")
+    train_file: str | None = flag(help="a local .txt/.csv/.json(l) training file")
+    validation_file: str | None = flag(help="a local validation file (default: a split of the training data)")
+    validation_split_percentage: int | None = flag(
+        type=int, help="%% of the training data held out when there is no validation split (default 5; 10 for the "
+                       "embedded corpus)")
+    no_keep_linebreaks: bool = flag(False, "drop line breaks of .txt files", action="store_true")
+    text_column: str | None = flag(help="the text column (default: 'text', else the first column)")
+    max_eval_samples: int | None = flag(type=int, help="evaluate on at most this many blocks (periodic eval)")
+    preprocessing_num_workers: int | None = flag(type=int, help="processes for tokenization")
+
+    def check(self) -> None:
+        """Raise :class:`UsageError` for data flags that cannot work, before anything is loaded."""
+        if self.max_eval_samples is not None and self.max_eval_samples < 1:
+            raise UsageError(f"--max_eval_samples must be a positive integer, got {self.max_eval_samples}.")
+        if self.validation_split_percentage is not None and not 0 < self.validation_split_percentage < 100:
+            raise UsageError(f"--validation_split_percentage must lie in (0, 100), got "
+                             f"{self.validation_split_percentage}.")
+        if self.dataset_name and self.train_file:
+            raise UsageError("Pass either --dataset_name or --train_file, not both.")
+        if self.validation_file and not self.train_file:
+            raise UsageError("--validation_file needs --train_file.")
+        if self.train_file:
+            kind = data_file_type(self.train_file, "--train_file")
+            if self.validation_file and data_file_type(self.validation_file, "--validation_file") != kind:
+                raise UsageError("--train_file and --validation_file must have the same format.")
+            for name in ("train_file", "validation_file"):
+                path = getattr(self, name)
+                if path and Path(path).stat().st_size == 0:
+                    raise UsageError(f"--{name} {path!r} is empty.")
+
+    def source(self, split: str) -> str:
+        """How the flags name a split's data, for error messages: ``--train_file 'a.csv'``, ``--dataset_name 'x'``..."""
+        if self.train_file:
+            if split == "validation" and self.validation_file:
+                return f"--validation_file {self.validation_file!r}"
+            held_out = "" if split == "train" else f" (the held-out {self.validation_split_percentage or 5}%)"
+            return f"--train_file {self.train_file!r}{held_out}"
+        if self.dataset_name:
+            return f"--dataset_name {self.dataset_name!r} ({split} split)"
+        return f"the {split} data"
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -56,21 +108,21 @@ class EpochShuffleSampler(Sampler[int]):
         yield from torch.randperm(self.num_samples, generator=generator).tolist()
 
 
-def load_raw_datasets(args: argparse.Namespace) -> DatasetDict:
+def load_raw_datasets(data: DataTrainingArguments) -> DatasetDict:
     """``train`` and ``validation`` splits from the Hub, local files, or the embedded corpus (in that order)."""
-    if args.dataset_name:
-        raw = load_dataset(args.dataset_name, args.dataset_config_name)
+    if data.dataset_name:
+        raw = load_dataset(data.dataset_name, data.dataset_config_name)
         if "validation" not in raw:
-            p = args.validation_split_percentage or 5
-            raw["validation"] = load_dataset(args.dataset_name, args.dataset_config_name, split=f"train[:{p}%]")
-            raw["train"] = load_dataset(args.dataset_name, args.dataset_config_name, split=f"train[{p}%:]")
+            p = data.validation_split_percentage or 5
+            raw["validation"] = load_dataset(data.dataset_name, data.dataset_config_name, split=f"train[:{p}%]")
+            raw["train"] = load_dataset(data.dataset_name, data.dataset_config_name, split=f"train[{p}%:]")
         return raw
-    if args.train_file:
-        kind = data_file_type(args.train_file, "--train_file")
-        files = {"train": args.train_file}
-        if args.validation_file:
-            files["validation"] = args.validation_file
-        extra = {"keep_linebreaks": not args.no_keep_linebreaks} if kind == "text" else {}
+    if data.train_file:
+        kind = data_file_type(data.train_file, "--train_file")
+        files = {"train": data.train_file}
+        if data.validation_file:
+            files["validation"] = data.validation_file
+        extra = {"keep_linebreaks": not data.no_keep_linebreaks} if kind == "text" else {}
         names = " / ".join(f"--{split}_file {path!r}" for split, path in files.items())
         try:
             raw = load_dataset(kind, data_files=files, **extra)
@@ -80,32 +132,20 @@ def load_raw_datasets(args: argparse.Namespace) -> DatasetDict:
                 raise UsageError(f"{names}: no data rows.") from None
             raise UsageError(f"{names}: cannot be read as {kind}: {first_line(cause)}") from None
         if "validation" not in raw:
-            p = args.validation_split_percentage or 5
+            p = data.validation_split_percentage or 5
             try:
                 raw["validation"] = load_dataset(kind, data_files=files, split=f"train[:{p}%]", **extra)
                 raw["train"] = load_dataset(kind, data_files=files, split=f"train[{p}%:]", **extra)
             except Exception as error:
                 if "corresponds to no data" not in str(error):
                     raise
-                raise UsageError(f"--train_file {args.train_file!r} has {len(raw['train'])} rows: too few to hold "
+                raise UsageError(f"--train_file {data.train_file!r} has {len(raw['train'])} rows: too few to hold "
                                  f"out --validation_split_percentage {p}%; pass a --validation_file, a larger "
                                  "percentage or more data.") from None
         return raw
     # Documents are separated by a blank line, as they would be in a text file.
-    splits = embedded_splits((args.validation_split_percentage or 10) / 100)
+    splits = embedded_splits((data.validation_split_percentage or 10) / 100)
     return DatasetDict({name: Dataset.from_dict({"text": [d + "\n\n" for d in docs]}) for name, docs in splits.items()})
-
-
-def data_source(args: argparse.Namespace, split: str) -> str:
-    """How the flags name a split's data, for error messages: ``--train_file 'a.csv'``, ``--dataset_name 'x'``..."""
-    if args.train_file:
-        if split == "validation" and args.validation_file:
-            return f"--validation_file {args.validation_file!r}"
-        held_out = "" if split == "train" else f" (the held-out {args.validation_split_percentage or 5}%)"
-        return f"--train_file {args.train_file!r}{held_out}"
-    if args.dataset_name:
-        return f"--dataset_name {args.dataset_name!r} ({split} split)"
-    return f"the {split} data"
 
 
 def is_text_feature(feature: Any) -> bool:
@@ -146,68 +186,65 @@ def group_texts(examples: dict[str, list], block_size: int) -> dict[str, list]:
             for key, values in concatenated.items()}
 
 
-def get_tokenizer(args: argparse.Namespace, raw: DatasetDict, accelerator: Accelerator,
-                  text_column: str) -> PreTrainedTokenizerBase:
-    """The tokenizer: --tokenizer_name, the resumed checkpoint's, --model_name_or_path's, or a byte-level BPE trained
-    on the training split (the main process trains it and saves it in --output_dir, the others load it)."""
-    source = args.tokenizer_name or args.resume_path or args.model_name_or_path
-    if args.tokenizer_name and Path(args.tokenizer_name).is_dir() and not any(
-            (Path(args.tokenizer_name) / name).is_file() for name in TOKENIZER_FILES):
-        raise UsageError(f"--tokenizer_name {args.tokenizer_name!r} is a folder without tokenizer files (none of "
-                         f"{', '.join(TOKENIZER_FILES)}).")
-    if source:
-        try:
-            return AutoTokenizer.from_pretrained(str(source), trust_remote_code=args.trust_remote_code)
-        except (OSError, ValueError) as error:
-            flag = ("--tokenizer_name" if args.tokenizer_name else
-                    "--resume_from_checkpoint" if args.resume_path else "--model_name_or_path")
-            raise UsageError(f"{flag} {str(source)!r}: {hub_hint(str(source))}no tokenizer could be loaded "
-                             f"({first_line(error)}).") from None
-    output_dir = Path(args.output_dir)
+def load_tokenizer(source: str, flag: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained(source)``; a failure raises one :class:`UsageError` naming ``flag``, the option
+    ``source`` came from."""
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{flag} {source!r}: {hub_hint(source)}no tokenizer could be loaded "
+                         f"({first_line(error)}).") from None
+
+
+def train_tokenizer(raw: DatasetDict, text_column: str, vocab_size: int, masked: bool, save_dir: str | Path,
+                    accelerator: Accelerator) -> PreTrainedTokenizerBase:
+    """A byte-level BPE trained on the training split: the main process trains it and saves it in ``save_dir``,
+    the others load it from there."""
+    save_dir = Path(save_dir)
     with accelerator.main_process_first():
         if accelerator.is_main_process:
             texts = (text for text in raw["train"][text_column] if text)
             # A masked LM gets RoBERTa's template (<s> A </s></s> B </s>), so a later sentence-pair finetune (GLUE)
             # sees a separator between the two sentences; a causal LM keeps plain byte-level text.
-            tokenizer = train_byte_level_bpe(texts, vocab_size=args.vocab_size, add_bos_eos=args.task == "mlm")
-            output_dir.mkdir(parents=True, exist_ok=True)
-            tokenizer.save_pretrained(output_dir)
+            tokenizer = train_byte_level_bpe(texts, vocab_size=vocab_size, add_bos_eos=masked)
+            save_dir.mkdir(parents=True, exist_ok=True)
+            tokenizer.save_pretrained(save_dir)
         else:
-            tokenizer = AutoTokenizer.from_pretrained(str(output_dir))
+            tokenizer = AutoTokenizer.from_pretrained(str(save_dir))
     return tokenizer
 
 
-def tokenize_and_group(args: argparse.Namespace, raw: DatasetDict, tokenizer: PreTrainedTokenizerBase,
-                       accelerator: Accelerator, text_column: str) -> tuple[DatasetDict, torch.Tensor | None]:
-    """Blocks of ``--block_size`` tokens for both splits, and (with --eval_lengths) the validation split as one token
-    stream. Raises :class:`UsageError` when a split is shorter than one block."""
-    mlm = args.task == "mlm"
+def tokenize_and_group(data: DataTrainingArguments, raw: DatasetDict, tokenizer: PreTrainedTokenizerBase,
+                       accelerator: Accelerator, text_column: str, *, block_size: int, masked: bool,
+                       eval_lengths: list[int]) -> tuple[DatasetDict, torch.Tensor | None]:
+    """Blocks of ``block_size`` tokens for both splits, and (with ``eval_lengths``, the --eval_lengths) the
+    validation split as one token stream. Raises :class:`UsageError` when a split is shorter than one block."""
 
     def tokenize(examples: dict[str, list]) -> dict[str, list]:
         texts = [text if text is not None else "" for text in examples[text_column]]  # empty CSV cells are None
-        return tokenizer(texts, return_special_tokens_mask=mlm, return_attention_mask=False)
+        return tokenizer(texts, return_special_tokens_mask=masked, return_attention_mask=False)
 
     with accelerator.main_process_first():
         tokenized = DatasetDict({
-            split: raw[split].map(tokenize, batched=True, num_proc=args.preprocessing_num_workers,
+            split: raw[split].map(tokenize, batched=True, num_proc=data.preprocessing_num_workers,
                                   remove_columns=raw[split].column_names, desc=f"tokenizing {split}")
             for split in ("train", "validation")
         })
-        grouped = tokenized.map(partial(group_texts, block_size=args.block_size), batched=True,
-                                num_proc=args.preprocessing_num_workers, desc=f"grouping into {args.block_size}")
+        grouped = tokenized.map(partial(group_texts, block_size=block_size), batched=True,
+                                num_proc=data.preprocessing_num_workers, desc=f"grouping into {block_size}")
     for split in ("train", "validation"):
         if len(grouped[split]) == 0:
             tokens = sum(len(ids) for ids in tokenized[split]["input_ids"])
-            raise UsageError(f"--block_size {args.block_size} is larger than the {split} data ({tokens} tokens in "
-                             f"{data_source(args, split)}): use a smaller --block_size or more data.")
+            raise UsageError(f"--block_size {block_size} is larger than the {split} data ({tokens} tokens in "
+                             f"{data.source(split)}): use a smaller --block_size or more data.")
     stream = None
-    if args.eval_lengths_list:
+    if eval_lengths:
         stream = torch.tensor(list(chain.from_iterable(tokenized["validation"]["input_ids"])), dtype=torch.long)
-        if len(stream) < args.eval_lengths_list[-1]:
-            raise UsageError(f"--eval_lengths {args.eval_lengths_list[-1]} is longer than the validation data "
+        if len(stream) < eval_lengths[-1]:
+            raise UsageError(f"--eval_lengths {eval_lengths[-1]} is longer than the validation data "
                              f"({len(stream)} tokens).")
-    if args.max_eval_samples:
-        grouped["validation"] = grouped["validation"].select(range(min(args.max_eval_samples,
+    if data.max_eval_samples:
+        grouped["validation"] = grouped["validation"].select(range(min(data.max_eval_samples,
                                                                        len(grouped["validation"]))))
     grouped.set_format("torch")
     return grouped, stream

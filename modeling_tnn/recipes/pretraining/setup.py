@@ -3,7 +3,6 @@ model, optimizer, schedule and Accelerate prepared, a checkpoint verified and re
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from modeling_tnn import list_presets, load_preset
 
 from ..common.flag_checks import UsageError, first_line, hub_hint, name_list
 from ..common.run_files import METRICS_FILE, TRAINER_STATE
-from .arguments import DEFAULT_CONFIG, check_args, parse_config_overrides
+from .arguments import DEFAULT_CONFIG, ModelArguments, PretrainingArguments, parse_config_overrides
 from .checkpoints import (
     checkpoint_differences,
     clear_previous_run,
@@ -39,12 +38,12 @@ from .checkpoints import (
 )
 from .data import (
     EpochShuffleSampler,
-    data_source,
-    get_tokenizer,
     is_text_feature,
     load_raw_datasets,
+    load_tokenizer,
     text_column_of,
     tokenize_and_group,
+    train_tokenizer,
 )
 from .evaluation import InputBuilder, position_limit
 from .sharding import fsdp_plugin, fsdp_requested, prepare_sharded, refuse_ignored_deepspeed
@@ -53,17 +52,17 @@ from .tracking import MetricsLog, available_trackers, silence_tied_weight_warnin
 logger = logging.getLogger(__name__)
 
 
-def resolve_config(args: argparse.Namespace):
+def resolve_config(model_args: ModelArguments):
     """The model config from --model_name_or_path, or --config_name (preset name, JSON file, folder) with
     --config_overrides. Raises :class:`UsageError` for a missing file, an unknown preset or an unknown field."""
-    if args.model_name_or_path:  # a saved folder, or a Hub id for users online
+    if model_args.model_name_or_path:  # a saved folder, or a Hub id for users online
         try:
-            return AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+            return AutoConfig.from_pretrained(model_args.model_name_or_path, trust_remote_code=model_args.trust_remote_code)
         except (OSError, ValueError) as error:
-            raise UsageError(f"--model_name_or_path {args.model_name_or_path!r}: {hub_hint(args.model_name_or_path)}"
+            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path!r}: {hub_hint(model_args.model_name_or_path)}"
                              f"{first_line(error)}") from None
-    name = args.config_name or DEFAULT_CONFIG
-    overrides = parse_config_overrides(args.config_overrides)
+    name = model_args.config_name or DEFAULT_CONFIG
+    overrides = parse_config_overrides(model_args.config_overrides)
     path = Path(name)
     looks_like_path = path.suffix == ".json" or os.sep in name or path.exists()
     if looks_like_path:
@@ -77,7 +76,7 @@ def resolve_config(args: argparse.Namespace):
         except json.JSONDecodeError as error:
             raise UsageError(f"--config_name {name!r} is not valid JSON: {error}.") from None
         if model_type != "tnn":  # any other transformers architecture (the quality benchmark's GPT-2)
-            config = AutoConfig.from_pretrained(str(config_file), trust_remote_code=args.trust_remote_code)
+            config = AutoConfig.from_pretrained(str(config_file), trust_remote_code=model_args.trust_remote_code)
             known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
             unknown = sorted(set(overrides) - known)
             if unknown:
@@ -94,15 +93,16 @@ def resolve_config(args: argparse.Namespace):
         raise UsageError(f"--config_name/--config_overrides: {error}") from None
 
 
-def build_model(args: argparse.Namespace, config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
-    """A new model from ``config`` sized to the tokenizer, or the --model_name_or_path model."""
-    auto = AutoModelForCausalLM if args.task == "clm" else AutoModelForMaskedLM
-    if args.model_name_or_path:
-        model = auto.from_pretrained(args.model_name_or_path, config=config, trust_remote_code=args.trust_remote_code)
+def build_model(model_args: ModelArguments, task: str, config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    """A new ``task`` model (``clm``/``mlm``) from ``config`` sized to the tokenizer, or the --model_name_or_path
+    model."""
+    auto = AutoModelForCausalLM if task == "clm" else AutoModelForMaskedLM
+    if model_args.model_name_or_path:
+        model = auto.from_pretrained(model_args.model_name_or_path, config=config, trust_remote_code=model_args.trust_remote_code)
         if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
             model.resize_token_embeddings(len(tokenizer))
         return model
-    if "vocab_size" in parse_config_overrides(args.config_overrides):
+    if "vocab_size" in parse_config_overrides(model_args.config_overrides):
         if config.vocab_size < len(tokenizer):
             raise UsageError(f"--config_overrides vocab_size={config.vocab_size} is smaller than the tokenizer "
                              f"({len(tokenizer)} tokens).")
@@ -111,12 +111,24 @@ def build_model(args: argparse.Namespace, config, tokenizer: PreTrainedTokenizer
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if getattr(tokenizer, name, None) is not None:
             setattr(config, name, getattr(tokenizer, name))
-    if args.task == "mlm" and tokenizer.mask_token is None:
+    if task == "mlm" and tokenizer.mask_token is None:
         raise UsageError("train_mlm needs a tokenizer with a mask token; --tokenizer_name has none.")
     try:
-        return auto.from_config(config, trust_remote_code=args.trust_remote_code)
+        return auto.from_config(config, trust_remote_code=model_args.trust_remote_code)
     except ValueError as error:  # e.g. causal=false for a causal LM: name the flags that set it
         raise UsageError(f"--config_name/--config_overrides: {error}") from None
+
+
+def get_tokenizer(args: PretrainingArguments, raw: DatasetDict, accelerator: Accelerator,
+                  text_column: str) -> PreTrainedTokenizerBase:
+    """The tokenizer: --tokenizer_name, the resumed checkpoint's, --model_name_or_path's, or a byte-level BPE trained
+    on the training split (saved in --output_dir)."""
+    model = args.model
+    for source, flag in ((model.tokenizer_name, "--tokenizer_name"), (args.resume_path, "--resume_from_checkpoint"),
+                         (model.model_name_or_path, "--model_name_or_path")):
+        if source:
+            return load_tokenizer(str(source), flag, model.trust_remote_code)
+    return train_tokenizer(raw, text_column, model.vocab_size, args.task == "mlm", args.run.output_dir, accelerator)
 
 
 def optimizer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -130,7 +142,7 @@ def optimizer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
 class Session:
     """Everything :func:`setup` prepared for :func:`train`."""
 
-    args: argparse.Namespace
+    args: PretrainingArguments
     accelerator: Accelerator
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
@@ -172,32 +184,35 @@ def _reset_single_process_state() -> None:
         GradientState._reset_state()
 
 
-def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None = None) -> Session:
+def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | None = None) -> Session:
     """Validate the flags, load data, build tokenizer, model, optimizer and schedule, restore a checkpoint. Every
-    input error raises ``ValueError`` (:class:`UsageError`) here, before any training step."""
-    args.task = task
-    check_args(args)
-    config = resolve_config(args)
-    trackers = available_trackers(args.report_to)
+    input error raises ``ValueError`` (:class:`UsageError`) here, before any training step. ``task`` must be the
+    one ``args`` were parsed for."""
+    if task != args.task:
+        raise ValueError(f"setup({task!r}) got the arguments of train_{args.task}.")
+    args.check()
+    data_args, loop, out = args.data, args.training, args.run
+    config = resolve_config(args.model)
+    trackers = available_trackers(out.report_to)
     _reset_single_process_state()
     # Several processes and no accelerator device: without cpu=True Accelerate would run them as independent jobs.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     has_device = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     accelerator = Accelerator(cpu=world_size > 1 and not has_device,
-                              gradient_accumulation_steps=args.gradient_accumulation_steps,
-                              mixed_precision=args.mixed_precision, log_with=trackers or None,
-                              project_dir=args.output_dir, fsdp_plugin=fsdp_plugin() if args.fsdp else None)
+                              gradient_accumulation_steps=loop.gradient_accumulation_steps,
+                              mixed_precision=loop.mixed_precision, log_with=trackers or None,
+                              project_dir=out.output_dir, fsdp_plugin=fsdp_plugin() if loop.fsdp else None)
     refuse_ignored_deepspeed(accelerator)
-    sharded = fsdp_requested(args, accelerator)
+    sharded = fsdp_requested(loop.fsdp, accelerator)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)
     logging.getLogger(__package__).setLevel(logging.INFO if accelerator.is_main_process else logging.ERROR)
-    set_seed(args.seed, device_specific=True)  # dropout differs across processes; DDP broadcasts rank 0's init
+    set_seed(loop.seed, device_specific=True)  # dropout differs across processes; DDP broadcasts rank 0's init
     silence_tied_weight_warning()
-    output_dir = Path(args.output_dir)
+    output_dir = Path(out.output_dir)
     if accelerator.is_main_process:
-        if args.overwrite_output_dir and not args.resume_path:
+        if out.overwrite_output_dir and not args.resume_path:
             deleted = clear_previous_run(output_dir)
             if deleted:
                 logger.info("--overwrite_output_dir: deleted %s from %s", name_list(deleted, 8), output_dir)
@@ -207,38 +222,40 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     accelerator.wait_for_everyone()
 
     with accelerator.main_process_first():
-        raw = raw_datasets if raw_datasets is not None else load_raw_datasets(args)
+        raw = raw_datasets if raw_datasets is not None else load_raw_datasets(data_args)
     for split in ("train", "validation"):
         if split not in raw:
             raise UsageError(f"The dataset has no {split!r} split (splits: {list(raw)}).")
     for split in ("train", "validation"):
         if len(raw[split]) == 0:
-            raise UsageError(f"{data_source(args, split)} has no rows.")
-    text_column = text_column_of(raw["train"], args.text_column, data_source(args, "train"))
+            raise UsageError(f"{data_args.source(split)} has no rows.")
+    text_column = text_column_of(raw["train"], data_args.text_column, data_args.source("train"))
     if text_column not in raw["validation"].column_names or not is_text_feature(
             raw["validation"].features[text_column]):
-        text_column_of(raw["validation"], text_column, data_source(args, "validation"))  # raises, naming the file
+        text_column_of(raw["validation"], text_column, data_args.source("validation"))  # raises, naming the file
     tokenizer = get_tokenizer(args, raw, accelerator, text_column)
-    data, stream = tokenize_and_group(args, raw, tokenizer, accelerator, text_column)
-    model = build_model(args, config, tokenizer)
+    data, stream = tokenize_and_group(data_args, raw, tokenizer, accelerator, text_column,
+                                      block_size=loop.block_size, masked=task == "mlm",
+                                      eval_lengths=out.eval_length_list)
+    model = build_model(args.model, task, config, tokenizer)
     silence_tied_weight_warning(model)
     limit = position_limit(model)
-    if limit is not None and args.block_size > limit:
-        raise UsageError(f"--block_size {args.block_size} exceeds the model's position table ({limit}).")
+    if limit is not None and loop.block_size > limit:
+        raise UsageError(f"--block_size {loop.block_size} exceeds the model's position table ({limit}).")
     if accelerator.is_main_process:
         logger.info("%s: %.2fM parameters, %d training blocks of %d tokens, %d validation blocks",
-                    type(model).__name__, model.num_parameters() / 1e6, len(data["train"]), args.block_size,
+                    type(model).__name__, model.num_parameters() / 1e6, len(data["train"]), loop.block_size,
                     len(data["validation"]))
 
     # Each DataLoader iterator draws a base seed from its generator, by default the global RNG: a private generator
     # keeps the iterator a resumed run creates mid-epoch from shifting the dropout/masking RNG.
-    train_dataloader = DataLoader(data["train"], sampler=EpochShuffleSampler(len(data["train"]), args.seed),
-                                  batch_size=args.per_device_train_batch_size, collate_fn=default_data_collator,
-                                  generator=torch.Generator().manual_seed(args.seed))
-    eval_dataloader = DataLoader(data["validation"], batch_size=args.per_device_eval_batch_size,
-                                 collate_fn=default_data_collator, generator=torch.Generator().manual_seed(args.seed))
+    train_dataloader = DataLoader(data["train"], sampler=EpochShuffleSampler(len(data["train"]), loop.seed),
+                                  batch_size=loop.per_device_train_batch_size, collate_fn=default_data_collator,
+                                  generator=torch.Generator().manual_seed(loop.seed))
+    eval_dataloader = DataLoader(data["validation"], batch_size=loop.per_device_eval_batch_size,
+                                 collate_fn=default_data_collator, generator=torch.Generator().manual_seed(loop.seed))
     def new_optimizer(module: torch.nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(optimizer_groups(module, args.weight_decay), lr=args.learning_rate)
+        return torch.optim.AdamW(optimizer_groups(module, loop.weight_decay), lr=loop.learning_rate)
 
     if sharded:  # the optimizer is built on the sharded parameters
         model, optimizer, train_dataloader, eval_dataloader = prepare_sharded(
@@ -246,21 +263,22 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     else:
         model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
             model, new_optimizer(model), train_dataloader, eval_dataloader)
-    steps_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
-    max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+    steps_per_epoch = math.ceil(len(train_dataloader) / loop.gradient_accumulation_steps)
+    max_train_steps = loop.max_train_steps or loop.num_train_epochs * steps_per_epoch
     num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
     # Accelerate's prepared scheduler steps once per process at each optimizer step (HF's scripts scale likewise).
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
-                              num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+    scheduler = get_scheduler(loop.lr_scheduler_type, optimizer=optimizer,
+                              num_warmup_steps=loop.num_warmup_steps * accelerator.num_processes,
                               num_training_steps=max_train_steps * accelerator.num_processes)
     scheduler = accelerator.prepare(scheduler)
     if trackers:
-        hparams = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        hparams = {k: v for k, v in {**args.flags(), "task": task}.items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(f"train_{task}", config=hparams)
 
+    masking = args.masking.mlm_probability if args.masking is not None else None
     session = Session(args=args, accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer,
                       scheduler=scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
-                      build_inputs=InputBuilder(task, tokenizer, getattr(args, "mlm_probability", None)),
+                      build_inputs=InputBuilder(task, tokenizer, masking),
                       metrics=MetricsLog(accelerator, output_dir, bool(trackers)), eval_stream=stream,
                       max_train_steps=max_train_steps, steps_per_epoch=steps_per_epoch,
                       num_train_epochs=num_train_epochs, train_blocks=len(data["train"]),
@@ -272,11 +290,11 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
 
 
 def run_geometry(session: Session) -> dict[str, int]:
-    args = session.args
-    return {"train_blocks": session.train_blocks, "block_size": args.block_size,
-            "per_device_train_batch_size": args.per_device_train_batch_size,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "num_processes": session.accelerator.num_processes, "seed": args.seed, "fsdp": session.sharded}
+    loop = session.args.training
+    return {"train_blocks": session.train_blocks, "block_size": loop.block_size,
+            "per_device_train_batch_size": loop.per_device_train_batch_size,
+            "gradient_accumulation_steps": loop.gradient_accumulation_steps,
+            "num_processes": session.accelerator.num_processes, "seed": loop.seed, "fsdp": session.sharded}
 
 
 def _restore(session: Session, path: Path) -> None:

@@ -17,7 +17,6 @@ Either way the log says ``FSDP2: <how> on <N> ranks``, once, and only when the p
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import logging
@@ -58,12 +57,12 @@ def fsdp_plugin() -> FullyShardedDataParallelPlugin:
                                           reshard_after_forward=True, state_dict_type="SHARDED_STATE_DICT")
 
 
-def fsdp_requested(args: argparse.Namespace, accelerator: Accelerator) -> bool:
-    """Whether this run shards: ``--fsdp``, Accelerate set up for FSDP (``accelerate launch --use_fsdp`` or an FSDP
+def fsdp_requested(fsdp_flag: bool, accelerator: Accelerator) -> bool:
+    """Whether this run shards: ``fsdp_flag`` (``--fsdp``), Accelerate set up for FSDP (``accelerate launch --use_fsdp`` or an FSDP
     ``accelerate config`` on GPUs), or ``accelerate launch --use_fsdp`` on CPU processes, which Accelerate sets up as
     DDP (``MULTI_CPU``) but which the launcher marks with ``ACCELERATE_USE_FSDP``. (The variable alone is not enough:
     ``Accelerator(fsdp_plugin=...)`` sets it in its own process, where a later one-process run would read it.)"""
-    return (bool(getattr(args, "fsdp", False)) or accelerator.distributed_type == DistributedType.FSDP
+    return (fsdp_flag or accelerator.distributed_type == DistributedType.FSDP
             or (accelerator.distributed_type == DistributedType.MULTI_CPU
                 and parse_flag_from_env("ACCELERATE_USE_FSDP")))
 

@@ -63,18 +63,14 @@ class StopOnSignal:
                   + (" (Ctrl-C again stops at once, without one)" if name == "SIGINT" else ""))
 
     def requested(self, accelerator: Accelerator) -> str | None:
-        """The signal that asked to stop, agreed by every process (any process's signal stops them all)."""
-        if accelerator.num_processes == 1:
+        """The signal that asked to stop, agreed by every process (any process's signal stops them all).
+
+        Not ``Accelerator.set_trigger`` / ``check_trigger``: their flag says only *that* some process wants to
+        stop, while every process needs *which* signal (its exit status, 130 or 143, and its message); the signal's
+        index is max-reduced instead, in the same single collective per step."""
+        if accelerator.num_processes == 1:  # no collective, no device sync
             return self.signal_name
         code = torch.tensor([self.SIGNALS.index(self.signal_name) + 1 if self.signal_name else 0],
                             device=accelerator.device)
-        code = _all_max(code)
-        return self.SIGNALS[int(code.item()) - 1] if int(code.item()) else None
-
-
-def _all_max(value: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    value = value.clone()
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return value
+        agreed = int(accelerator.reduce(code, reduction="max").item())
+        return self.SIGNALS[agreed - 1] if agreed else None
