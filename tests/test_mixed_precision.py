@@ -35,6 +35,7 @@ def test_bf16_flag_runs_projections_in_bf16_and_ffts_in_float32(tmp_path, mixer)
     assert torch.isfinite(loss)
 
 
+@pytest.mark.slow
 def test_bf16_run_ends_within_a_few_percent_of_float32(tmp_path):
     common = TINY + ["--max_train_steps", "30", "--learning_rate", "3e-3", "--per_device_train_batch_size", "4"]
     results = {}
