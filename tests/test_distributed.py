@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -117,3 +120,51 @@ def test_trainer_fsdp_on_cpu_processes_runs_ddp_and_says_so(tmp_path, tokenizer)
                     "--output_dir", str(tmp_path / "glue"), script="finetune_glue.py")
     assert "--fsdp: Trainer runs these 2 processes as MULTI_CPU (DDP), unsharded" in done.stdout + done.stderr
     assert json.loads((tmp_path / "glue" / "eval_results.json").read_text())["eval_samples"] == 8
+
+
+def _worker_with_rank(launcher: subprocess.Popen, rank: int) -> int | None:
+    """The pid of the launcher's child process with ``RANK=rank`` (Linux /proc), if it is running yet."""
+    try:
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+        for pid in children:
+            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return int(pid)
+    except OSError:
+        return None
+    return None
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_checkpoints_the_sharded_state(tmp_path):
+    """A preempted rank (SIGTERM to rank 1 alone): both ranks finish the step, write one sharded checkpoint, exit."""
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("needs Linux /proc to find the worker processes")
+    out = tmp_path / "run"
+    command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
+               str(_free_port()), str(SCRIPTS / "train_clm.py"), *TINY, "--fsdp", "--max_train_steps", "100000",
+               "--logging_steps", "1", "--per_device_train_batch_size", "2", "--output_dir", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+    with open(tmp_path / "stderr", "w") as stderr:
+        launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.time() + 180
+            while time.time() < deadline and launcher.poll() is None:  # wait for the second logged step
+                metrics = out / "metrics.jsonl"
+                if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+                    break
+                time.sleep(0.05)
+            worker = _worker_with_rank(launcher, 1)
+            assert launcher.poll() is None and worker, (tmp_path / "stderr").read_text()[-2000:]
+            os.kill(worker, signal.SIGTERM)
+            launcher.wait(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    err = (tmp_path / "stderr").read_text()
+    match = re.search(r"stopped by SIGTERM at step (\d+); saved checkpoint (\S+);", err)
+    assert match, err[-3000:]
+    checkpoint = Path(match[2])
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["completed_steps"] == int(match[1])
+    assert sorted(p.name for p in (checkpoint / SHARDED_STATE_FOLDER).iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert "exitcode  : 143" in err  # the ranks exited with SIGTERM's status, not killed
