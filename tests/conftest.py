@@ -33,6 +33,13 @@ def data_dir() -> Path | None:
     return None
 
 
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """Where tests/test_device.py runs its models: ``$TNN_TEST_DEVICE`` (run_scripts/accelerator_check.py sets it),
+    else cpu."""
+    return torch.device(os.environ.get("TNN_TEST_DEVICE", "cpu"))
+
+
 @pytest.fixture
 def shared_data() -> Path:
     folder = data_dir()

@@ -241,6 +241,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         processing_class=tokenizer,
         data_collator=collator,
     )
+    if training_args.fsdp and not trainer.is_fsdp_enabled:  # Accelerate hands Trainer FSDP on GPUs only
+        logger.warning("--fsdp: Trainer runs these %d processes as %s (DDP), unsharded: Accelerate gives Trainer "
+                       "FSDP on GPUs only (docs/distributed.md).", training_args.world_size,
+                       trainer.accelerator.distributed_type.value)
 
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

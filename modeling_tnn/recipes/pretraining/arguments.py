@@ -98,6 +98,9 @@ class TrainingLoopArguments:
     seed: int = flag(42, type=int)
     mixed_precision: str | None = flag(choices=["no", "fp16", "bf16"],
                                        help="default: what `accelerate launch`/`accelerate config` says, else no")
+    fsdp: bool = flag(False, "shard the model and optimizer over the processes with FSDP2 (each TnnBlock a unit): "
+                      "Accelerate's FSDP plugin on GPUs, torch's fully_shard over gloo on CPU processes; also on "
+                      "when `accelerate launch --use_fsdp` says so", action="store_true")
 
     def check(self) -> None:
         """Raise :class:`UsageError` for loop flags that cannot work."""

@@ -46,6 +46,7 @@ from .data import (
     train_tokenizer,
 )
 from .evaluation import InputBuilder, position_limit
+from .sharding import fsdp_plugin, fsdp_requested, prepare_sharded, refuse_ignored_deepspeed
 from .tracking import MetricsLog, available_trackers, silence_tied_weight_warning
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class Session:
     completed_steps: int = 0
     tokens_seen: int = 0
     fingerprint: dict[str, Any] = field(default_factory=dict)  # model config and tokenizer, see run_fingerprint
+    sharded: bool = False  # --fsdp: the model is an FSDP2 module (see sharding.prepare_sharded)
 
 
 @dataclass
@@ -199,7 +201,9 @@ def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | Non
     accelerator = Accelerator(cpu=world_size > 1 and not has_device,
                               gradient_accumulation_steps=loop.gradient_accumulation_steps,
                               mixed_precision=loop.mixed_precision, log_with=trackers or None,
-                              project_dir=out.output_dir)
+                              project_dir=out.output_dir, fsdp_plugin=fsdp_plugin() if loop.fsdp else None)
+    refuse_ignored_deepspeed(accelerator)
+    sharded = fsdp_requested(loop.fsdp, accelerator)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)
@@ -250,9 +254,15 @@ def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | Non
                                   generator=torch.Generator().manual_seed(loop.seed))
     eval_dataloader = DataLoader(data["validation"], batch_size=loop.per_device_eval_batch_size,
                                  collate_fn=default_data_collator, generator=torch.Generator().manual_seed(loop.seed))
-    optimizer = torch.optim.AdamW(optimizer_groups(model, loop.weight_decay), lr=loop.learning_rate)
-    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
-        model, optimizer, train_dataloader, eval_dataloader)
+    def new_optimizer(module: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(optimizer_groups(module, loop.weight_decay), lr=loop.learning_rate)
+
+    if sharded:  # the optimizer is built on the sharded parameters
+        model, optimizer, train_dataloader, eval_dataloader = prepare_sharded(
+            accelerator, model, new_optimizer, train_dataloader, eval_dataloader)
+    else:
+        model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+            model, new_optimizer(model), train_dataloader, eval_dataloader)
     steps_per_epoch = math.ceil(len(train_dataloader) / loop.gradient_accumulation_steps)
     max_train_steps = loop.max_train_steps or loop.num_train_epochs * steps_per_epoch
     num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
@@ -273,7 +283,7 @@ def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | Non
                       max_train_steps=max_train_steps, steps_per_epoch=steps_per_epoch,
                       num_train_epochs=num_train_epochs, train_blocks=len(data["train"]),
                       fingerprint={"model_config": model_fingerprint(accelerator.unwrap_model(model)),
-                                   "tokenizer": tokenizer_fingerprint(tokenizer)})
+                                   "tokenizer": tokenizer_fingerprint(tokenizer)}, sharded=sharded)
     if args.resume_path:
         _restore(session, Path(args.resume_path))
     return session
@@ -284,7 +294,7 @@ def run_geometry(session: Session) -> dict[str, int]:
     return {"train_blocks": session.train_blocks, "block_size": loop.block_size,
             "per_device_train_batch_size": loop.per_device_train_batch_size,
             "gradient_accumulation_steps": loop.gradient_accumulation_steps,
-            "num_processes": session.accelerator.num_processes, "seed": loop.seed}
+            "num_processes": session.accelerator.num_processes, "seed": loop.seed, "fsdp": session.sharded}
 
 
 def _restore(session: Session, path: Path) -> None:

@@ -30,6 +30,7 @@ from .evaluation import evaluate, evaluate_lengths, plot_lengths, position_limit
 from .generation import format_generation_table, generate_sample, time_generation
 from .data import DataTrainingArguments
 from .setup import RunOutcome, Session, run_geometry, setup
+from .sharding import save_unsharded
 from .stop_signals import EXIT_CODES, StopOnSignal, TrainingInterrupted
 
 logger = logging.getLogger(__name__)
@@ -146,8 +147,12 @@ def train(session: Session) -> RunOutcome:
         session.metrics.log({"epoch": epoch, **eval_metrics}, session.completed_steps)
 
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
+    if session.sharded:  # the shards gathered into one model.safetensors
+        unwrapped = save_unsharded(model, accelerator, output_dir)
+    else:
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process,
+                                  save_function=accelerator.save)
     if accelerator.is_main_process:
         session.tokenizer.save_pretrained(output_dir)
 
