@@ -3,11 +3,9 @@ unimportable in a subprocess), and a recipe started without the extra stops with
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
+import pytest
 from conftest import PROJECT_ROOT
+from remote_code import run_python
 
 from modeling_tnn.recipes.common.extras import INSTALL_COMMAND
 
@@ -16,20 +14,11 @@ from modeling_tnn.recipes.common.extras import INSTALL_COMMAND
 TRAIN_ONLY = ("accelerate", "datasets", "sklearn", "scipy", "matplotlib")
 
 
-def _run_without(packages: tuple[str, ...], code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter where ``packages`` cannot be imported (``sys.modules[name] = None``:
-    an import raises ModuleNotFoundError and ``importlib.util.find_spec`` finds nothing)."""
-    preamble = f"import sys\nfor _name in {packages!r}:\n    sys.modules[_name] = None\n"
-    return subprocess.run([sys.executable, "-c", preamble + textwrap.dedent(code)], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=240)
-
-
+@pytest.mark.slow
 def test_model_builds_saves_loads_and_generates_without_the_train_extra(tmp_path):
-    result = _run_without(TRAIN_ONLY, f"""
-        import torch
+    result = run_python(f"""
         from transformers import AutoModelForCausalLM
         import modeling_tnn
-        torch.set_num_threads(1)
         torch.manual_seed(0)
         model = modeling_tnn.TnnForCausalLM(modeling_tnn.load_preset("tiny", dropout=0.0, pad_token_id=0)).eval()
         model.save_pretrained({str(tmp_path)!r})
@@ -41,17 +30,18 @@ def test_model_builds_saves_loads_and_generates_without_the_train_extra(tmp_path
         leaked = sorted(name for name in sys.modules if name.startswith("modeling_tnn.recipes"))
         assert not leaked, leaked
         print("generated", ours.tolist())
-    """)
+    """, tmp_path, blocked=TRAIN_ONLY)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "generated [[5, 6, 7," in result.stdout
 
 
-def test_a_recipe_without_the_train_extra_names_the_install_command():
-    result = _run_without(("datasets",), """
+@pytest.mark.slow
+def test_a_recipe_without_the_train_extra_names_the_install_command(tmp_path):
+    result = run_python(f"""
         import runpy
         sys.argv = ["train_clm.py", "--help"]
-        runpy.run_path("run_scripts/train_clm.py", run_name="__main__")
-    """)
+        runpy.run_path({str(PROJECT_ROOT / "run_scripts" / "train_clm.py")!r}, run_name="__main__")
+    """, tmp_path, blocked=("datasets",))
     assert result.returncode != 0
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("ModuleNotFoundError: modeling_tnn.recipes needs datasets,"), last_line
