@@ -12,7 +12,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 TOKEN_MIXERS = ("dense", "fd", "ski")
-GENERATION_CACHE_MODES = ("auto", "etsc", "exact")
+GENERATION_CACHE_MODES = ("auto", "compact", "etsc", "exact")
 # The papers' architecture choices (the defaults are the first value of each: this project's original block).
 NORM_PLACEMENTS = ("pre", "post")
 FINAL_NORMS = ("layernorm", "simplermsnorm", "none")
@@ -22,7 +22,7 @@ VALIDATED_FIELDS = frozenset({
     "vocab_size", "hidden_size", "num_hidden_layers", "gtu_expand_ratio", "glu_expand_ratio", "rpe_dim",
     "rpe_layers", "decay_gamma", "token_mixer", "causal", "ski_rank", "ski_kernel_size", "fd_kernel_length",
     "etsc_length", "generation_cache", "dropout", "initializer_range", "norm_placement", "embedding_layer_norm",
-    "scale_embeddings", "final_norm", "classifier_pooling", "fft_recompute",
+    "scale_embeddings", "final_norm", "classifier_pooling", "fft_recompute", "compact_tolerance",
 })
 # Set while a batch of assignments is applied (from_dict's kwargs, update): the batch is validated as a whole once
 # it is complete, so that an order such as token_mixer="ski" before causal=False is not refused half-way.
@@ -75,7 +75,13 @@ class TnnConfig(PretrainedConfig):
             tail falls below float32 resolution after a computable number of lags): exact at every length in constant
             memory; ETSC otherwise (dense with ``decay_gamma == 1``, which warns once past ``etsc_length``).
             ``"etsc"``: the diagonal SSM of the ETSC conversion. ``"exact"``: the window (the whole history for dense
-            with ``decay_gamma == 1``: O(t) per token).
+            with ``decay_gamma == 1``: O(t) per token). ``"compact"``: a decaying dense kernel's first lags as a
+            short window and its tail as a few complex modes per channel (a state of about a tenth of the window's),
+            with a certified error bound; ``"auto"`` takes it for every layer whose bound meets
+            ``compact_tolerance``.
+        compact_tolerance: The certified relative l1 error of a layer's kernel (its largest channel's) up to which
+            ``generation_cache="auto"`` decodes that layer with the compact state; default 1e-5 (the logits then stay
+            within about 1e-5 relative of the no-cache forward). In (0, 1).
         dropout: Dropout on the embeddings and on each residual branch.
         initializer_range: Standard deviation of the classification heads' initialisation.
         norm_placement: Where each block's two SimpleRMSNorms sit. ``"pre"`` (default): ``x = x + f(norm(x))``, the
@@ -126,6 +132,7 @@ class TnnConfig(PretrainedConfig):
         final_norm: str = "layernorm",
         classifier_pooling: str = "auto",
         fft_recompute: bool | None = None,
+        compact_tolerance: float = 1e-5,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
@@ -156,6 +163,7 @@ class TnnConfig(PretrainedConfig):
         self.final_norm = final_norm
         self.classifier_pooling = classifier_pooling
         self.fft_recompute = fft_recompute
+        self.compact_tolerance = compact_tolerance
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -260,6 +268,8 @@ class TnnConfig(PretrainedConfig):
                 raise ValueError(f"TnnConfig.{name} must be True or False, got {value!r}.")
         if self.fft_recompute is not None and not isinstance(self.fft_recompute, bool):
             raise ValueError(f"TnnConfig.fft_recompute must be None, True or False, got {self.fft_recompute!r}.")
+        if not _is_number(self.compact_tolerance) or not 0 < self.compact_tolerance < 1:
+            raise ValueError(f"TnnConfig.compact_tolerance must lie in (0, 1), got {self.compact_tolerance!r}.")
         if self.causal is True and self.token_mixer == "ski":
             raise ValueError(self._causal_ski_message())
 
