@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
+from .mixer_base import smooth_size
 from .tno_dense import DenseTno
 
 # Lags of the kernel and of the modes evaluated at once (a chunk of (lags, channels, modes) complex128 products).
@@ -77,20 +78,39 @@ def rpe_supremum(mixer: DenseTno) -> torch.Tensor:
     return math.sqrt(weight.shape[1]) * weight.norm(dim=1) + bias
 
 
-def matrix_pencil(samples: torch.Tensor, rank: int, pencil: int) -> tuple[torch.Tensor, torch.Tensor]:
+def hankel_product(spectrum: torch.Tensor, x: torch.Tensor, fft_len: int) -> torch.Tensor:
+    """``H x`` for each channel's square Hankel matrix ``H[i, j] = f[i + j]`` (n x n), ``x`` (c, n, k): the
+    convolution of ``f`` (given as its rfft ``spectrum`` (c, F) of length ``fft_len >= 2n``) with ``x`` reversed,
+    read at lags ``n-1 .. 2n-2`` (the circular wrap stays below them)."""
+    n = x.shape[1]
+    columns = x.mT.flip(-1).contiguous()                       # (c, k, n): the FFTs run along contiguous rows
+    product = spectrum[:, None] * torch.fft.rfft(columns, n=fft_len, dim=-1)
+    return torch.fft.irfft(product, n=fft_len, dim=-1)[..., n - 1: 2 * n - 1].mT
+
+
+def hankel_poles(samples: torch.Tensor, rank: int, power_steps: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """``(poles, used)`` (channels, modes): complex128 poles of ``samples[c, k] ~ Re(sum_j c_j z_j**k)`` and which of
-    them a channel uses, from the float64 ``samples`` (channels, N): the rank-``rank`` signal subspace of each
-    channel's Hankel matrix (pencil width ``pencil``) and its shift-invariance.
+    them a channel uses, from the float64 ``samples`` (channels, 2n - 1): the eigenvalues of the shift on the
+    rank-``rank`` dominant subspace of each channel's square Hankel matrix (Kung's realisation; the Hankel matrix is
+    symmetric, so a randomised subspace iteration with FFT products finds it without forming it).
 
     A real signal's poles are real or come in conjugate pairs, and ``Re(c z**k)`` covers both of a pair: only the
     real and upper-half poles are kept (``modes`` = the most any channel keeps, at most ``rank``; a channel that keeps
     fewer has placeholders, ``used`` False, in its last slots). Poles on or outside the unit circle are pulled inside
     (the bound says what that costs)."""
-    channels, n = samples.shape
-    rows = torch.arange(n - pencil, device=samples.device)[:, None] + torch.arange(pencil + 1, device=samples.device)
-    _, _, vh = torch.linalg.svd(samples[:, rows], full_matrices=False)             # Hankel (c, n - P, P + 1)
-    basis = vh.mH[..., :rank]
-    poles = torch.linalg.eigvals(torch.linalg.pinv(basis[:, :-1]) @ basis[:, 1:])
+    channels, length = samples.shape
+    n = (length + 1) // 2
+    fft_len = smooth_size(2 * n)
+    spectrum = torch.fft.rfft(samples[:, : 2 * n - 1], n=fft_len, dim=1)
+    generator = torch.Generator(device=samples.device).manual_seed(0)
+    basis = torch.randn(channels, n, rank + 16, dtype=samples.dtype, device=samples.device, generator=generator)
+    for _ in range(power_steps + 1):
+        basis = torch.linalg.qr(hankel_product(spectrum, basis, fft_len)).Q
+    projected = basis.mT @ hankel_product(spectrum, basis, fft_len)                  # (c, k, k), symmetric
+    values, vectors = torch.linalg.eigh((projected + projected.mT) / 2)
+    top = values.abs().argsort(dim=1, descending=True)[:, :rank]
+    dominant = basis @ vectors.gather(2, top[:, None, :].expand(-1, vectors.shape[1], -1))  # (c, n, rank)
+    poles = torch.linalg.eigvals(torch.linalg.pinv(dominant[:, :-1]) @ dominant[:, 1:])
     real = poles.imag.abs() <= 1e-9 * poles.abs().clamp(min=1e-300)
     poles = torch.where(real, poles.real.to(poles.dtype), poles)
     keep = real | (poles.imag > 0)
@@ -159,16 +179,16 @@ def certified_bound(mixer: DenseTno, poles: torch.Tensor, residues: torch.Tensor
 
 
 def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, device: torch.device,
-                   span: int = 600, pencil: int = 64) -> ModalTail:
+                   span: int = 1200) -> ModalTail:
     """Fit the tail ``k >= window`` of ``mixer``'s causal kernel with the real and upper-half poles of a rank-``rank``
-    matrix pencil (float64, lags ``window .. window + span``), residues by least squares over the lags where
-    ``gamma**k`` exceeds 2**-30, round them to complex64 and certify them (:func:`certified_bound`)."""
+    realisation (:func:`hankel_poles`, float64, lags ``window .. window + span``), residues by least squares over
+    the lags where ``gamma**k`` exceeds 2**-30, round them to complex64 and certify them (:func:`certified_bound`)."""
     if not mixer.gamma < 1:
         raise ValueError(f"A modal tail needs a decaying kernel (decay_gamma < 1), got decay_gamma={mixer.gamma}.")
     reach = min(MAX_EXACT_LAGS, max(span, math.ceil(math.log(2.0**-30) / math.log(mixer.gamma))))
     taps = float64_taps(mixer, torch.arange(window + reach, device=device))
     samples = taps[window:].t().contiguous()
-    poles, used = matrix_pencil(samples[:, :span], rank, min(pencil, span // 2))
+    poles, used = hankel_poles(samples[:, :span], rank)
     residues = fit_residues(samples, poles, used)
     poles, residues = poles.to(torch.complex64), residues.to(torch.complex64)
     inside = poles.abs() < 1
@@ -180,19 +200,15 @@ def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, de
 
 # The tails tried, in order, until every channel meets the tolerance: (window, pencil rank), measured on the
 # benchmark model (dense small preset, hidden 256, gamma 0.99; see docs/compact-decoding.md).
-FIT_LADDER = ((32, 32), (32, 48), (64, 64))
+FIT_LADDER = ((32, 32), (32, 48))
 
 
 def compact_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail:
     """The modal tail of ``mixer`` decoding uses: the fits of ``FIT_LADDER`` in turn, each channel keeping the fit
-    with its smallest bound (all at the ladder's largest window reached), until every channel's bound is at most
+    with its smallest bound (the ladder's fits share one window), until every channel's bound is at most
     ``tolerance`` or the ladder ends."""
     best: ModalTail | None = None
     for window, rank in FIT_LADDER:
-        if best is not None and best.window != window:
-            best = None if best.max_bound > tolerance else best
-            if best is not None:
-                break
         tail = fit_modal_tail(mixer, window, rank, tolerance, device)
         best = tail if best is None else _per_channel_best(best, tail)
         if best.max_bound <= tolerance:
