@@ -30,13 +30,14 @@ from __future__ import annotations
 import json
 import math
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from .configuration_tnn import GENERATION_CACHE_MODES
-from .mixer_base import TokenMixer, compute_dtype, smooth_size
+from .mixer_base import TokenMixer, compute_dtype, smooth_size, tracing
 from .modal_fit import ModalTail, compact_tail
 from .tno_dense import DenseTno
 
@@ -102,9 +103,19 @@ class DecodePlan:
         return (self.kind, self.capacity, self.period, self.closed, self.horizon, self.modes, self.error_bound)
 
 
-def modal_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail:
-    """The mixer's fitted tail, once per set of weights (memoised like its kernel constants)."""
-    return mixer.cached(("modal tail", tolerance, device), lambda: compact_tail(mixer, tolerance, device))
+# The last tail fitted eagerly for each mixer: under torch.export / torch.compile the parameters are fake (nothing to
+# fit), so a traced decode uses that fit, or the exact window when there is none.
+_EAGER_TAILS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def modal_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail | None:
+    """The mixer's fitted tail, once per set of weights (memoised like its kernel constants); under tracing the last
+    eager fit (None if there was none)."""
+    if tracing():
+        return _EAGER_TAILS.get(mixer, {}).get((tolerance, device))
+    tail = mixer.cached(("modal tail", tolerance, device), lambda: compact_tail(mixer, tolerance, device))
+    _EAGER_TAILS.setdefault(mixer, {})[(tolerance, device)] = tail
+    return tail
 
 
 def decode_plan(mixer: TokenMixer, mode: str, etsc_length: int, device: torch.device,
@@ -117,7 +128,7 @@ def decode_plan(mixer: TokenMixer, mode: str, etsc_length: int, device: torch.de
     decays = mixer.ssm_kernel_decay() < 1
     if mode in ("auto", "compact") and isinstance(mixer, DenseTno) and decays:
         tail = modal_tail(mixer, tolerance, device)
-        if mode == "compact" or tail.max_bound <= tolerance:
+        if tail is not None and (mode == "compact" or tail.max_bound <= tolerance):
             return DecodePlan("compact", capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound)
         mode = "auto"
     if mode in ("auto", "compact"):
@@ -449,7 +460,7 @@ def _set_compact(layer: TnnCacheLayer, sequence: torch.Tensor, seen: int, prior:
     window = _window_state(sequence[:, n - keep:], seen, capacity)
     modes = _modal_state(sequence[:, : n - keep], layer.lam, layer.coef)
     if prior is not None:
-        modes += prior * torch.exp(n * torch.log(layer.lam.to(torch.complex128))).to(prior.dtype)
+        modes += prior * torch.exp((n - keep) * torch.log(layer.lam.to(torch.complex128))).to(prior.dtype)
     layer.update_recurrent_state(window, 0)
     layer.update_recurrent_state(modes, 1)
 

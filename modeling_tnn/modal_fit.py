@@ -53,9 +53,9 @@ class ModalTail:
     def modes(self) -> int:
         return self.poles.shape[1]
 
-    @property
-    def max_bound(self) -> float:
-        return float(self.bound.max())
+    def __post_init__(self):
+        # A Python float, read once when fitted: traced code must not read tensor values.
+        self.max_bound = float(self.bound.max())
 
 
 def float64_taps(mixer: DenseTno, lags: torch.Tensor) -> torch.Tensor:
