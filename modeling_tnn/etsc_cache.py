@@ -15,9 +15,10 @@ Two decoding states, chosen per layer by :func:`decode_plan`:
   ``s = 0 .. m // 2`` are kept (their weights folded into ``b``), which halves the state.
 
 - the **compact** state of a decaying dense kernel (:mod:`~modeling_tnn.modal_fit`): a window of its first W lags
-  (b, W, c) and its tail as r complex modes per channel (b, c, r), ``g = z * g + c * v_{t-W}`` (the input leaving
-  the window enters the modes), with a certified bound of the kernel's relative l1 error. Both parts are allocated
-  at prefill and updated in place.
+  (b, W, c) and its tail as r complex modes per channel, ``g = z * g + c * v_{t-W}`` (the input leaving the window
+  enters the modes), with a certified bound of the kernel's relative l1 error. The modes are kept as real planes
+  (b, 3, c, r): real part, imaginary part and the step's scratch (real arithmetic vectorises where PyTorch's
+  complex kernels on CPU do not); everything is allocated at prefill and updated in place.
 
 Until the context fills the SSM's period the SSM mode decodes from the window of inputs (cheaper, and exact),
 then converts it into the SSM state once, in parallel. ``generation_cache="auto"`` takes the window wherever the
@@ -414,9 +415,15 @@ MODAL_BLOCK = 128
 
 def _compact_constants(layer: TnnCacheLayer, mixer: TokenMixer, cache: TnnCache, device: torch.device,
                        dtype: torch.dtype) -> None:
+    """Poles and residues as real planes (2, c, r) float32 (real, imaginary), and the window's taps."""
     tail = modal_tail(mixer, cache.tolerance, device)
-    layer.lam, layer.coef = tail.poles.to(device), tail.residues.to(device)
+    layer.lam = torch.stack([tail.poles.real, tail.poles.imag]).to(device).contiguous()
+    layer.coef = torch.stack([tail.residues.real, tail.residues.imag]).to(device).contiguous()
     layer.reversed_taps = _reversed_taps(mixer, tail.window, device, dtype)
+
+
+def _complex(planes: torch.Tensor) -> torch.Tensor:
+    return torch.complex(planes[0], planes[1])
 
 
 def _modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
@@ -457,12 +464,13 @@ def _set_compact(layer: TnnCacheLayer, sequence: torch.Tensor, seen: int, prior:
     capacity = layer.plan.capacity
     n = sequence.shape[1]
     keep = min(n, capacity)
+    poles = _complex(layer.lam)
     window = _window_state(sequence[:, n - keep:], seen, capacity)
-    modes = _modal_state(sequence[:, : n - keep], layer.lam, layer.coef)
+    modes = _modal_state(sequence[:, : n - keep], poles, _complex(layer.coef))
     if prior is not None:
-        modes += prior * torch.exp((n - keep) * torch.log(layer.lam.to(torch.complex128))).to(prior.dtype)
+        modes += prior * torch.exp((n - keep) * torch.log(poles.to(torch.complex128))).to(prior.dtype)
     layer.update_recurrent_state(window, 0)
-    layer.update_recurrent_state(modes, 1)
+    layer.update_recurrent_state(torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1), 1)
 
 
 def _compact_step(layer: TnnCacheLayer, v_t: torch.Tensor, seen: int) -> torch.Tensor:
@@ -471,19 +479,25 @@ def _compact_step(layer: TnnCacheLayer, v_t: torch.Tensor, seen: int) -> torch.T
     window, modes = layer.recurrent_states[0], layer.recurrent_states[1]
     capacity = window.shape[1]
     position = seen % capacity
-    modes.mul_(layer.lam).add_(layer.coef * window[:, position, :, None])
+    real, imag, scratch = modes.unbind(1)
+    (pole_re, pole_im), (res_re, res_im) = layer.lam, layer.coef
+    leaving = window[:, position, :, None]
+    torch.mul(imag, pole_im, out=scratch)
+    imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
+    real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
     window[:, position] = v_t
-    return _window_read(window, layer.reversed_taps, position, capacity) + modes.real.sum(-1)
+    return _window_read(window, layer.reversed_taps, position, capacity) + real.sum(-1)
 
 
 def _compact_chunk(layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> torch.Tensor:
     """Several tokens on a filled compact state: the window and the chunk through the exact kernel in parallel,
     plus what the modes contribute; then the state after the chunk."""
-    window, modes = layer.recurrent_states[0], layer.recurrent_states[1]
+    window, planes = layer.recurrent_states[0], layer.recurrent_states[1]
+    modes = torch.complex(planes[:, 0], planes[:, 1])
     capacity = window.shape[1]
     sequence = torch.cat([window[:, _ring_order(seen, capacity, v.device)].to(v.dtype), v], dim=1)
     n = v.shape[1]
-    out = mixer(sequence, None)[:, -n:] + _modal_contribution(modes, layer.lam, n).to(v.dtype)
+    out = mixer(sequence, None)[:, -n:] + _modal_contribution(modes, _complex(layer.lam), n).to(v.dtype)
     _set_compact(layer, sequence, seen + n, modes)
     return out
 
