@@ -219,6 +219,12 @@ def compact_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> Mod
             break
         refit = fit_modal_tail(mixer, window, rank, tolerance, device, channels=failing)
         best = _merged(best, refit, failing)
+    if best.window != FIT_LADDER[0][0]:
+        # Widening re-rounded some residues to complex64: certify the constants decoding will use.
+        taps = float64_taps(mixer, torch.arange(best.window + 1, device=device))
+        bound = certified_bound(mixer, best.poles.to(torch.complex128), best.residues.to(torch.complex128),
+                                best.window, tolerance, taps)
+        best = ModalTail(window=best.window, poles=best.poles, residues=best.residues, bound=bound)
     return best
 
 

@@ -156,16 +156,35 @@ def test_a_rough_kernel_falls_back_or_stays_within_its_tolerance():
         for layer in model.model.layers:
             for p in layer.gtu.token_mixer.rpe.parameters():
                 p.normal_(0, 3.0)
-    ids = torch.randint(1, 128, (1, 3 * WINDOW))
+    _auto_decodes_within_tolerance(model, 3 * WINDOW)
+
+
+def _auto_decodes_within_tolerance(model, length):
+    ids = torch.randint(1, 128, (1, length))
     with torch.no_grad():
         full = model(input_ids=ids, use_cache=False).logits
         out = model(input_ids=ids[:, :4], use_cache=True, generation_cache="auto")
         cache, logits = getattr(out, CACHE_FIELD), [out.logits]
-        for i in range(4, ids.shape[1]):
+        for i in range(4, length):
             logits.append(model(input_ids=ids[:, i:i + 1], **{CACHE_FIELD: cache}).logits)
     for row in cache.describe():
         assert row["plan"] == "window" or row["error_bound"] <= model.config.compact_tolerance
     assert _relative_error(torch.cat(logits, 1), full) < 1e-5
+    return cache
+
+
+def test_a_trained_kernel_certifies_or_falls_back():
+    """Forty AdamW steps of next-token training on a repeating sequence move the RPE off its initialisation; the
+    refit (the weights changed) certifies each layer or falls back, within the tolerance."""
+    model = _model(0.99).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = torch.arange(1, 65).repeat(2, 2)
+    for _ in range(40):
+        loss = model(input_ids=data, labels=data, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    _auto_decodes_within_tolerance(model.eval(), 2 * WINDOW)
 
 
 def test_beam_search_with_the_compact_cache_equals_without():
