@@ -428,22 +428,25 @@ def _complex(planes: torch.Tensor) -> torch.Tensor:
 
 def _modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
     """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c), in one parallel pass:
-    a product per block of ``MODAL_BLOCK`` inputs, then the blocks weighted by ``z**(block * later blocks)``; the
-    powers come from float64 logarithms."""
+    per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers within a block (real and
+    imaginary parts side by side), then the blocks weighted by ``z**(block * later blocks)``; the powers come from
+    float64 products."""
     b, steps, c = inputs.shape
+    modes = residues.shape[1]
     if steps == 0:
-        return residues.new_zeros(b, c, residues.shape[1])
+        return residues.new_zeros(b, c, modes)
     block = min(steps, MODAL_BLOCK)
     blocks = -(-steps // block)
     inputs = torch.nn.functional.pad(inputs.to(torch.float32), (0, 0, blocks * block - steps, 0))
-    inputs = inputs.reshape(b, blocks, block, c)
-    log = torch.log(poles.to(torch.complex128))                                              # (c, r)
-    local = torch.exp(torch.arange(block - 1, -1, -1, device=log.device)[:, None, None] * log).to(poles.dtype)
-    within = torch.complex(torch.einsum("bnic,icr->bncr", inputs, local.real),
-                           torch.einsum("bnic,icr->bncr", inputs, local.imag))                # (b, blocks, c, r)
-    later = torch.arange(blocks - 1, -1, -1, device=log.device) * block
-    across = torch.exp(later[:, None, None] * log).to(poles.dtype)                           # (blocks, c, r)
-    return residues * (within * across).sum(1)
+    rows = inputs.reshape(b * blocks, block, c).permute(2, 0, 1).contiguous()               # (c, b * blocks, block)
+    z = poles.to(torch.complex128)
+    powers = torch.cat([torch.ones_like(z)[None], z[None].expand(block - 1, -1, -1)]).cumprod(0)  # z**0 .. z**(B-1)
+    local = powers.flip(0).permute(1, 0, 2).to(poles.dtype)                                  # (c, block, r): z**(B-1-i)
+    within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1))                    # (c, b * blocks, 2r)
+    within = torch.complex(within[..., :modes], within[..., modes:]).reshape(c, b, blocks, modes)
+    later = torch.arange(blocks - 1, -1, -1, device=z.device) * block
+    across = torch.exp(later[:, None, None] * torch.log(z)).to(poles.dtype).permute(1, 0, 2)  # (c, blocks, r)
+    return residues * (within * across[:, None]).sum(2).permute(1, 0, 2)
 
 
 def _modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
