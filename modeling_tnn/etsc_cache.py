@@ -442,7 +442,8 @@ def _modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tens
     z = poles.to(torch.complex128)
     powers = torch.cat([torch.ones_like(z)[None], z[None].expand(block - 1, -1, -1)]).cumprod(0)  # z**0 .. z**(B-1)
     local = powers.flip(0).permute(1, 0, 2).to(poles.dtype)                                  # (c, block, r): z**(B-1-i)
-    within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1))                    # (c, b * blocks, 2r)
+    with torch.autocast(device_type=rows.device.type, enabled=False):  # the state stays float32 under autocast
+        within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1))                # (c, b * blocks, 2r)
     within = torch.complex(within[..., :modes], within[..., modes:]).reshape(c, b, blocks, modes)
     later = torch.arange(blocks - 1, -1, -1, device=z.device) * block
     across = torch.exp(later[:, None, None] * torch.log(z)).to(poles.dtype).permute(1, 0, 2)  # (c, blocks, r)
