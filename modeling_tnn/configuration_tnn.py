@@ -16,7 +16,7 @@ from transformers import PreTrainedConfig
 
 # The choices of the string fields: their annotations, so @strict refuses any other value.
 TokenMixerName = Literal["dense", "fd", "ski"]
-GenerationCacheMode = Literal["auto", "etsc", "exact"]
+GenerationCacheMode = Literal["auto", "compact", "etsc", "exact"]
 NormPlacement = Literal["pre", "post"]
 FinalNorm = Literal["layernorm", "simplermsnorm", "none"]
 ClassifierPooling = Literal["auto", "mean", "last"]
@@ -127,7 +127,13 @@ class TnnConfig(PreTrainedConfig):
             tail falls below float32 resolution after a computable number of lags): exact at every length in constant
             memory; ETSC otherwise (dense with ``decay_gamma == 1``, which warns once past ``etsc_length``).
             ``"etsc"``: the diagonal SSM of the ETSC conversion. ``"exact"``: the window (the whole history for dense
-            with ``decay_gamma == 1``: O(t) per token).
+            with ``decay_gamma == 1``: O(t) per token). ``"compact"``: a decaying dense kernel's first lags as a
+            short window and its tail as a few complex modes per channel (a state of about a tenth of the window's),
+            with a certified error bound; ``"auto"`` takes it for every layer whose bound meets
+            ``compact_tolerance``.
+        compact_tolerance: The certified relative l1 error of a layer's kernel (its largest channel's) up to which
+            ``generation_cache="auto"`` decodes that layer with the compact state; default 1e-5 (the logits then stay
+            within about 1e-5 relative of the no-cache forward). In (0, 1).
         dropout: Dropout on the embeddings and on each residual branch.
         initializer_range: Standard deviation of the classification heads' initialisation.
         norm_placement: Where each block's two SimpleRMSNorms sit. ``"pre"`` (default): ``x = x + f(norm(x))``, the
@@ -179,6 +185,7 @@ class TnnConfig(PreTrainedConfig):
     final_norm: FinalNorm = "layernorm"
     classifier_pooling: ClassifierPooling = "auto"
     fft_recompute: bool | None = None
+    compact_tolerance: int | float = _field(1e-5, "lie in (0, 1)", lambda value: 0 < value < 1)
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None

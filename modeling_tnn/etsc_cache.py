@@ -14,6 +14,12 @@ Two decoding states, chosen per layer by :func:`decode_plan`:
   period ``L + 1``, and decoding warns once. A real kernel has a conjugate-symmetric spectrum: only the modes
   ``s = 0 .. m // 2`` are kept (their weights folded into ``b``), which halves the state.
 
+- the **compact** state of a decaying dense kernel (:mod:`~modeling_tnn.modal_fit`): a window of its first W lags
+  (b, W, c) and its tail as r complex modes per channel, ``g = z * g + c * v_{t-W}`` (the input leaving the window
+  enters the modes), with a certified bound of the kernel's relative l1 error. The modes are kept as real planes
+  (b, 3, c, r): real part, imaginary part and the step's scratch (real arithmetic vectorises where PyTorch's
+  complex kernels on CPU do not); everything is allocated at prefill and updated in place.
+
 Until the context fills the SSM's period the SSM mode decodes from the window of inputs (cheaper, and exact),
 then converts it into the SSM state once, in parallel. ``generation_cache="auto"`` takes the window wherever the
 kernel has a float32 support (it reads each input once per token, where the SSM of the same span updates twice as
@@ -22,15 +28,19 @@ many reals in place) and ETSC where it has none.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from .configuration_tnn import GENERATION_CACHE_MODES
-from .mixer_base import TokenMixer, compute_dtype, smooth_size
+from .mixer_base import TokenMixer, compute_dtype, smooth_size, tracing
+from .modal_fit import ModalTail, compact_tail
+from .tno_dense import DenseTno
 
 
 def etsc_modes(taps: torch.Tensor, gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,22 +86,53 @@ def _closed(taps: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """How one layer decodes: a ``"window"`` of ``capacity`` past inputs (``None``: the whole history), or an
-    ``"ssm"`` of period ``period`` (``closed``: with ETSC's closing tap). ``horizon`` is the context length up to
-    which the plan is exact (``None``: every length)."""
+    """How one layer decodes: a ``"window"`` of ``capacity`` past inputs (``None``: the whole history), an
+    ``"ssm"`` of period ``period`` (``closed``: with ETSC's closing tap), or ``"compact"``: a window of ``capacity``
+    lags and ``modes`` complex modes, whose kernel is within ``error_bound`` (relative l1, the largest channel's) of
+    the exact one. ``horizon`` is the context length up to which the plan is exact (``None``: every length)."""
 
     kind: str
     capacity: int | None = None
     period: int | None = None
     closed: bool = False
     horizon: int | None = None
+    modes: int | None = None
+    error_bound: float | None = None
+
+    def to_tuple(self) -> tuple:
+        """The plan as plain values (a pytree context must serialise)."""
+        return (self.kind, self.capacity, self.period, self.closed, self.horizon, self.modes, self.error_bound)
 
 
-def decode_plan(mixer: TokenMixer, mode: str, etsc_length: int, device: torch.device) -> DecodePlan:
-    """The decoding state for ``mixer`` in cache ``mode`` (``"auto"``, ``"etsc"`` or ``"exact"``)."""
+# The last tail fitted eagerly for each mixer: under torch.export / torch.compile the parameters are fake (nothing to
+# fit), so a traced decode uses that fit, or the exact window when there is none.
+_EAGER_TAILS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def modal_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail | None:
+    """The mixer's fitted tail, once per set of weights (memoised like its kernel constants); under tracing the last
+    eager fit (None if there was none)."""
+    if tracing():
+        return _EAGER_TAILS.get(mixer, {}).get((tolerance, device))
+    tail = mixer.cached(("modal tail", tolerance, device), lambda: compact_tail(mixer, tolerance, device))
+    _EAGER_TAILS.setdefault(mixer, {})[(tolerance, device)] = tail
+    return tail
+
+
+def decode_plan(mixer: TokenMixer, mode: str, etsc_length: int, device: torch.device,
+                tolerance: float = 1e-5) -> DecodePlan:
+    """The decoding state for ``mixer`` in cache ``mode`` (``"auto"``, ``"compact"``, ``"etsc"`` or ``"exact"``).
+
+    ``"compact"`` applies to causal dense kernels that decay; elsewhere it decodes as ``"auto"``. ``"auto"`` takes it
+    where the layer's certified bound is at most ``tolerance``."""
     support = mixer.kernel_support(device)
     decays = mixer.ssm_kernel_decay() < 1
-    if mode == "auto":
+    if mode in ("auto", "compact") and isinstance(mixer, DenseTno) and decays:
+        tail = modal_tail(mixer, tolerance, device)
+        if tail is not None and (mode == "compact" or tail.max_bound <= tolerance):
+            return DecodePlan("compact", capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound)
+        mode = "auto"
+    if mode in ("auto", "compact"):
         # Exact wherever the kernel has a float32 support: a window of that many inputs (FD; dense with gamma < 1,
         # where it reads 1.4-1.8x faster than the exact SSM of the same span, which updates twice as many reals
         # in place). ETSC where nothing exact runs in constant memory (a kernel that does not decay).
@@ -104,19 +145,24 @@ def decode_plan(mixer: TokenMixer, mode: str, etsc_length: int, device: torch.de
 
 
 class TnnCacheLayer(LinearAttentionCacheLayerMixin):
-    """One layer's decoding state (``recurrent_states[0]``, batch first): the window of past mixer inputs (b, W, c)
-    or the complex SSM state (b, c, M). The kernel constants it is read against live beside it."""
+    """One layer's decoding state (batch first): ``recurrent_states[0]`` is the window of past mixer inputs
+    (b, W, c) or the complex SSM state (b, c, M); a compact plan adds its modes (b, c, r) complex as
+    ``recurrent_states[1]``. The kernel constants it is read against live beside it."""
 
     # The window's shape follows the context until it is full; transformers 5.23 would build compile-friendly
     # attention masks for a compileable cache.
     is_compileable = False
 
     def __init__(self):
-        super().__init__()
+        super().__init__(number_of_states=2)
         self.plan: DecodePlan | None = None
         self.reversed_taps: torch.Tensor | None = None   # (2W, c): the taps reversed, twice (window reads)
-        self.lam: torch.Tensor | None = None             # (M,) complex64
-        self.coef: torch.Tensor | None = None            # (c, M) complex64
+        self.lam: torch.Tensor | None = None             # (M,) or, compact, (c, r) complex64: the eigenvalues
+        self.coef: torch.Tensor | None = None            # (c, M) or (c, r) complex64: their weights
+
+    def state_bytes(self) -> int:
+        """Bytes of this layer's decoding state, the whole batch."""
+        return sum(s.numel() * s.element_size() for s in self.recurrent_states.values() if s is not None)
 
     def lazy_initialization(self, conv_states=None, recurrent_states=None, state_idx: int = 0) -> None:
         self.device, self.dtype = recurrent_states.device, recurrent_states.dtype
@@ -165,6 +211,7 @@ class TnnCache(Cache):
         super().__init__(layers=[TnnCacheLayer() for _ in range(config.num_hidden_layers)])
         self.mode = mode
         self.etsc_length = config.etsc_length
+        self.tolerance = getattr(config, "compact_tolerance", 1e-5)
         self._seen_tokens = 0
         self._warned = False
 
@@ -173,9 +220,22 @@ class TnnCache(Cache):
         return self._seen_tokens
 
     def memory_bytes(self) -> int:
-        """Bytes held by the decoding states of all layers (not the kernel constants, which the weights fix)."""
-        return sum(s.numel() * s.element_size() for layer in self.layers for s in layer.recurrent_states.values()
-                   if s is not None)
+        """Bytes held by the decoding states of all layers (not the kernel constants, which the weights fix): every
+        tensor of the cache that grows with the batch, the sum of :meth:`describe`'s ``state_bytes``."""
+        return sum(layer.state_bytes() for layer in self.layers)
+
+    def describe(self) -> list[dict]:
+        """One dict per layer: ``plan`` (``"window"``, ``"ssm"``, ``"compact"``; None before the first forward),
+        ``window`` (lags kept exactly), ``modes``, ``state_bytes`` (the whole batch) and ``error_bound`` (the
+        certified relative l1 error of the layer's kernel, its largest channel's; None where the plan is exact)."""
+        rows = []
+        for layer in self.layers:
+            plan = layer.plan
+            rows.append(dict(plan=None if plan is None else plan.kind,
+                             window=None if plan is None else (plan.capacity or plan.period),
+                             modes=None if plan is None else plan.modes, state_bytes=layer.state_bytes(),
+                             error_bound=None if plan is None else plan.error_bound))
+        return rows
 
     def advance(self, tokens: int) -> None:
         """Count ``tokens`` more seen tokens; warn once when an inexact plan passes its horizon."""
@@ -195,33 +255,50 @@ class TnnCache(Cache):
 
 
 # -- torch.export / torch.compile: the cache as a pytree of its tensors ----------------------------------------------
+# The context holds only plain values (plans as tuples), so that torch.export can serialise it; the tensors are the
+# leaves: each layer's two states and its kernel constants.
 _LAYER_TENSORS = ("lam", "coef", "reversed_taps")
 
 
 def _flatten_cache(cache: TnnCache):
     children = []
     for layer in cache.layers:
-        children += [layer.recurrent_states[0], *(getattr(layer, name) for name in _LAYER_TENSORS)]
-    context = (cache.mode, cache.etsc_length, cache._seen_tokens, cache._warned,
-               tuple((layer.plan, layer.has_previous_state[0]) for layer in cache.layers))
+        children += [layer.recurrent_states[0], layer.recurrent_states[1],
+                     *(getattr(layer, name) for name in _LAYER_TENSORS)]
+    context = (cache.mode, cache.etsc_length, cache.tolerance, cache._seen_tokens, cache._warned,
+               tuple((None if layer.plan is None else layer.plan.to_tuple(), layer.has_previous_state[0])
+                     for layer in cache.layers))
     return children, context
 
 
 def _unflatten_cache(children, context) -> TnnCache:
-    mode, etsc_length, seen, warned, layers = context
+    mode, etsc_length, tolerance, seen, warned, layers = context
     cache = TnnCache.__new__(TnnCache)
     Cache.__init__(cache, layers=[TnnCacheLayer() for _ in layers])
-    cache.mode, cache.etsc_length, cache._seen_tokens, cache._warned = mode, etsc_length, seen, warned
-    width = 1 + len(_LAYER_TENSORS)
+    cache.mode, cache.etsc_length, cache.tolerance = mode, etsc_length, tolerance
+    cache._seen_tokens, cache._warned = seen, warned
+    width = 2 + len(_LAYER_TENSORS)
     for index, (layer, (plan, has_state)) in enumerate(zip(cache.layers, layers)):
-        state, *constants = children[index * width: (index + 1) * width]
-        layer.plan = plan
+        window, modes, *constants = children[index * width: (index + 1) * width]
+        layer.plan = None if plan is None else DecodePlan(*plan)
         for name, value in zip(_LAYER_TENSORS, constants):
             setattr(layer, name, value)
-        if state is not None:
-            layer.update_recurrent_state(state)
+        for state_idx, state in enumerate((window, modes)):
+            if state is not None:
+                layer.update_recurrent_state(state, state_idx)
         layer.has_previous_state[0] = has_state
     return cache
+
+
+def _dumpable_context(context) -> str:
+    mode, etsc_length, tolerance, seen, warned, layers = context
+    return json.dumps([mode, etsc_length, tolerance, int(seen), warned, [[plan, has] for plan, has in layers]])
+
+
+def _loaded_context(dumped: str):
+    mode, etsc_length, tolerance, seen, warned, layers = json.loads(dumped)
+    return (mode, etsc_length, tolerance, seen, warned,
+            tuple((None if plan is None else tuple(plan), has) for plan, has in layers))
 
 
 torch.utils._pytree.register_pytree_node(
@@ -231,6 +308,8 @@ torch.utils._pytree.register_pytree_node(
         [(torch.utils._pytree.SequenceKey(i), child) for i, child in enumerate(_flatten_cache(cache)[0])],
         _flatten_cache(cache)[1],
     ),
+    to_dumpable_context=_dumpable_context,
+    from_dumpable_context=_loaded_context,
 )
 
 
@@ -329,18 +408,121 @@ def _ssm_contribution(state: torch.Tensor, lam: torch.Tensor, steps: int) -> tor
     return torch.einsum("is,bcs->bic", powers, state).real
 
 
+# -- the compact state: a short window and the modes of the tail ---------------------------------------------------
+# Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
+MODAL_BLOCK = 128
+
+
+def _compact_constants(layer: TnnCacheLayer, mixer: TokenMixer, cache: TnnCache, device: torch.device,
+                       dtype: torch.dtype) -> None:
+    """Poles and residues as real planes (2, c, r) float32 (real, imaginary), and the window's taps."""
+    tail = modal_tail(mixer, cache.tolerance, device)
+    layer.lam = torch.stack([tail.poles.real, tail.poles.imag]).to(device).contiguous()
+    layer.coef = torch.stack([tail.residues.real, tail.residues.imag]).to(device).contiguous()
+    layer.reversed_taps = _reversed_taps(mixer, tail.window, device, dtype)
+
+
+def _complex(planes: torch.Tensor) -> torch.Tensor:
+    return torch.complex(planes[0], planes[1])
+
+
+def _modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c), in one parallel pass:
+    per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers within a block (real and
+    imaginary parts side by side), then the blocks weighted by ``z**(block * later blocks)``; the powers come from
+    float64 products."""
+    b, steps, c = inputs.shape
+    modes = residues.shape[1]
+    if steps == 0:
+        return residues.new_zeros(b, c, modes)
+    block = min(steps, MODAL_BLOCK)
+    blocks = -(-steps // block)
+    inputs = torch.nn.functional.pad(inputs.to(torch.float32), (0, 0, blocks * block - steps, 0))
+    rows = inputs.reshape(b * blocks, block, c).permute(2, 0, 1).contiguous()               # (c, b * blocks, block)
+    z = poles.to(torch.complex128)
+    powers = torch.cat([torch.ones_like(z)[None], z[None].expand(block - 1, -1, -1)]).cumprod(0)  # z**0 .. z**(B-1)
+    local = powers.flip(0).permute(1, 0, 2).to(poles.dtype)                                  # (c, block, r): z**(B-1-i)
+    with torch.autocast(device_type=rows.device.type, enabled=False):  # the state stays float32 under autocast
+        within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1))                # (c, b * blocks, 2r)
+    within = torch.complex(within[..., :modes], within[..., modes:]).reshape(c, b, blocks, modes)
+    later = torch.arange(blocks - 1, -1, -1, device=z.device) * block
+    across = torch.exp(later[:, None, None] * torch.log(z)).to(poles.dtype).permute(1, 0, 2)  # (c, blocks, r)
+    return residues * (within * across[:, None]).sum(2).permute(1, 0, 2)
+
+
+def _modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
+    """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c)."""
+    log = torch.log(poles.to(torch.complex128))
+    powers = torch.exp(torch.arange(1, steps + 1, device=log.device)[:, None, None] * log).to(poles.dtype)
+    return torch.einsum("icr,bcr->bic", powers, state).real
+
+
+def _ring_order(seen: int, capacity: int, device: torch.device) -> torch.Tensor:
+    """Slots of a ring of ``capacity`` holding positions ``seen - capacity .. seen - 1``, oldest first."""
+    return torch.arange(seen - capacity, seen, device=device) % capacity
+
+
+def _set_compact(layer: TnnCacheLayer, sequence: torch.Tensor, seen: int, prior: torch.Tensor | None) -> None:
+    """The compact state after ``sequence`` (b, n, c), the last inputs of ``seen`` tokens: its last W in the window,
+    the ones before in the modes (``prior``, the modes before ``sequence``, decayed over it and added)."""
+    capacity = layer.plan.capacity
+    n = sequence.shape[1]
+    keep = min(n, capacity)
+    poles = _complex(layer.lam)
+    window = _window_state(sequence[:, n - keep:], seen, capacity)
+    modes = _modal_state(sequence[:, : n - keep], poles, _complex(layer.coef))
+    if prior is not None:
+        modes += prior * torch.exp((n - keep) * torch.log(poles.to(torch.complex128))).to(prior.dtype)
+    layer.update_recurrent_state(window, 0)
+    layer.update_recurrent_state(torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1), 1)
+
+
+def _compact_step(layer: TnnCacheLayer, v_t: torch.Tensor, seen: int) -> torch.Tensor:
+    """One token on the compact state, in place: the input leaving the window enters the modes, ``v_t`` takes its
+    slot; the output is the window read against the exact taps plus the modes' real part."""
+    window, modes = layer.recurrent_states[0], layer.recurrent_states[1]
+    capacity = window.shape[1]
+    position = seen % capacity
+    real, imag, scratch = modes.unbind(1)
+    (pole_re, pole_im), (res_re, res_im) = layer.lam, layer.coef
+    leaving = window[:, position, :, None]
+    torch.mul(imag, pole_im, out=scratch)
+    imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
+    real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
+    window[:, position] = v_t
+    return _window_read(window, layer.reversed_taps, position, capacity) + real.sum(-1)
+
+
+def _compact_chunk(layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> torch.Tensor:
+    """Several tokens on a filled compact state: the window and the chunk through the exact kernel in parallel,
+    plus what the modes contribute; then the state after the chunk."""
+    window, planes = layer.recurrent_states[0], layer.recurrent_states[1]
+    modes = torch.complex(planes[:, 0], planes[:, 1])
+    capacity = window.shape[1]
+    sequence = torch.cat([window[:, _ring_order(seen, capacity, v.device)].to(v.dtype), v], dim=1)
+    n = v.shape[1]
+    out = mixer(sequence, None)[:, -n:] + _modal_contribution(modes, _complex(layer.lam), n).to(v.dtype)
+    _set_compact(layer, sequence, seen + n, modes)
+    return out
+
+
 # -- decoding ---------------------------------------------------------------------------------------------------------
 def _prepare(layer: TnnCacheLayer, mixer: TokenMixer, cache: TnnCache, v: torch.Tensor) -> DecodePlan:
     if layer.plan is None:
-        layer.plan = decode_plan(mixer, cache.mode, cache.etsc_length, v.device)
+        layer.plan = decode_plan(mixer, cache.mode, cache.etsc_length, v.device, cache.tolerance)
         if layer.plan.kind == "ssm":
             layer.lam, layer.coef = _ssm_constants(mixer, layer.plan, v.device, compute_dtype(v.dtype))
+        elif layer.plan.kind == "compact":
+            _compact_constants(layer, mixer, cache, v.device, compute_dtype(v.dtype))
     return layer.plan
 
 
 def _set_window(layer: TnnCacheLayer, mixer: TokenMixer, v_all: torch.Tensor, seen: int) -> None:
     """Hold the inputs ``v_all`` (the last of ``seen`` tokens) in a window, or in the SSM once they fill its period."""
     plan = layer.plan
+    if plan.kind == "compact":
+        _set_compact(layer, v_all, seen, None)
+        return
     if plan.kind == "ssm" and seen >= plan.period:
         layer.update_recurrent_state(_ssm_state(v_all, layer.lam, layer.coef, plan.period))
         return
@@ -352,6 +534,8 @@ def _set_window(layer: TnnCacheLayer, mixer: TokenMixer, v_all: torch.Tensor, se
 
 def _decode_token(layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int) -> torch.Tensor:
     """One token ``v_t`` (b, c) after ``seen`` tokens: the mixer output (b, c); the state is updated in place."""
+    if layer.plan.kind == "compact":
+        return _compact_step(layer, v_t, seen)
     state = layer.recurrent_states[0]
     if state.is_complex():
         state.mul_(layer.lam).addcmul_(layer.coef, v_t.to(state.dtype)[..., None])
@@ -384,6 +568,8 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
     if n == 1:
         return _decode_token(layer, mixer, v[:, 0], seen)[:, None].to(v.dtype)
     # Several new tokens on a filled state: their own part in parallel, plus what the past contributes.
+    if plan.kind == "compact":
+        return _compact_chunk(layer, mixer, v, seen)
     state = layer.recurrent_states[0]
     if state.is_complex():
         out = mixer(v, None) + _ssm_contribution(state, layer.lam, n).to(v.dtype)

@@ -3,7 +3,8 @@
 memory against context length, the prefill of a long prompt, and the cached decoder's error against the no-cache
 forward up to 32x the ETSC conversion length.
 
-Decoders: TNN (dense and fd) with the default cache (``generation_cache="auto"``), dense with the exact window,
+Decoders: TNN (dense and fd) with the default cache (``generation_cache="auto"``: the compact state wherever its
+certified bound meets ``compact_tolerance``, see docs/compact-decoding.md), dense with the exact window,
 dense without a cache (a full recompute per token, short contexts only), and GPT-2 and Llama from transformers
 (sdpa, their default DynamicCache), tied embeddings, same width, depth and vocabulary, MLP width solved so that the
 parameter count matches TNN's (GPT-2's position table, which it needs for long contexts, is counted apart).
@@ -40,6 +41,16 @@ def tnn(args, mixer: str) -> TnnForCausalLM:
                          vocab_size=args.vocab_size, dropout=0.0, etsc_length=args.etsc_length,
                          fd_kernel_length=args.etsc_length, decay_gamma=args.decay_gamma)
     return TnnForCausalLM(config).eval()
+
+
+def fit_time(model: TnnForCausalLM) -> float:
+    """Seconds of the compact plan's fit (all layers, once per set of weights; later caches reuse it)."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        model(input_ids=torch.ones(1, 2, dtype=torch.long), use_cache=True)
+    seconds = time.perf_counter() - start
+    print(f"compact fit (all layers, with a 2-token prefill): {seconds:.1f} s")
+    return seconds
 
 
 def parameters(model: torch.nn.Module, skip: str | None = None) -> int:
@@ -170,7 +181,9 @@ def horizon_error(args) -> list[dict]:
                 total = multiple * args.etsc_length
                 ids = torch.randint(1, args.vocab_size, (1, total))
                 full = model(input_ids=ids, use_cache=False).logits[0, -args.error_tokens:]
-                for mode in ("auto", "etsc", "exact"):
+                for mode in ("auto", "compact", "etsc", "exact"):
+                    if mode == "compact" and mixer != "dense":
+                        continue
                     if mixer == "dense" and mode == "exact" and args.decay_gamma == 1.0:
                         continue
                     prompt = total - args.error_tokens
@@ -180,9 +193,13 @@ def horizon_error(args) -> list[dict]:
                                for i in range(prompt, total)]
                     error = (torch.stack(decoded) - full).abs().max()
                     plan = cache.layers[0].plan
-                    rows.append(dict(mixer=mixer, mode=mode, state=f"{plan.kind} {plan.period or plan.capacity}",
-                                     context=total, multiple=multiple, max_abs_error=error.item(),
-                                     relative_error=(error / full.abs().max()).item()))
+                    bounds = [layer["error_bound"] for layer in cache.describe() if layer["error_bound"] is not None]
+                    state = f"{plan.kind} {plan.period or plan.capacity}" + (f" + {plan.modes} modes" if plan.modes
+                                                                            else "")
+                    rows.append(dict(mixer=mixer, mode=mode, state=state, context=total, multiple=multiple,
+                                     max_abs_error=error.item(), relative_error=(error / full.abs().max()).item(),
+                                     certified_bound=max(bounds) if bounds else None,
+                                     state_bytes_per_sequence=cache.memory_bytes()))
     return rows
 
 
@@ -203,7 +220,7 @@ def summarise(results: list[dict], contexts: list[int], batches: list[int]) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--contexts", default="256,512,1024,2048,4096,8192,16384,32768")
+    parser.add_argument("--contexts", default="256,512,1024,2048,4096,8192")
     parser.add_argument("--batch_sizes", default="1,8")
     parser.add_argument("--hidden_size", type=int, default=256)
     parser.add_argument("--num_layers", type=int, default=4)
@@ -211,7 +228,7 @@ def main() -> None:
     parser.add_argument("--etsc_length", type=int, default=512)
     parser.add_argument("--decay_gamma", type=float, default=0.99)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--no_cache_max_context", type=int, default=2048)
+    parser.add_argument("--no_cache_max_context", type=int, default=512)
     parser.add_argument("--prefill_length", type=int, default=8192)
     parser.add_argument("--prefill_rounds", type=int, default=3)
     parser.add_argument("--error_multiples", default="1,2,4,8,16,32")
@@ -225,6 +242,7 @@ def main() -> None:
     batches = [int(b) for b in args.batch_sizes.split(",")]
 
     dense, fd = tnn(args, "dense"), tnn(args, "fd")
+    fit_seconds = fit_time(dense)
     counts = {"tnn dense": parameters(dense), "tnn fd": parameters(fd)}
     models = {"tnn dense": dense, "tnn fd": fd, "tnn dense (exact)": dense, "no cache (dense)": dense,
               **baselines(args, counts["tnn dense"], max(contexts))}
@@ -242,7 +260,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(command="python run_scripts/bench_generation.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if v is not None), torch=torch.__version__,
-        threads=torch.get_num_threads(), parameters=counts)
+        threads=torch.get_num_threads(), parameters=counts, compact_fit_seconds=fit_seconds)
     (out / "results.json").write_text(json.dumps(dict(meta=meta, summary=summary, latency=results, prefill=prefills,
                                                       horizon_error=errors), indent=1))
     tables = render(results, prefills, errors, summary, contexts, batches)
@@ -277,15 +295,30 @@ def render(results, prefills, errors, summary, contexts, batches) -> str:
              "| " + " | ".join(f"{p['median_s']:.2f}" for p in prefills) + " |"]
     parts.append("\n".join(lines))
     lines = ["Cached decoding against the no-cache forward (relative max logit error of the last steps)", "",
-             "| mixer | cache | state (per layer) | " + " | ".join(
+             "| mixer | cache | state (layer 0) | bytes per sequence | certified bound (kernel l1) | " + " | ".join(
                  f"{m}x" for m in sorted({e['multiple'] for e in errors})) + " |",
-             "|---" * (3 + len({e['multiple'] for e in errors})) + "|"]
+             "|---" * (5 + len({e['multiple'] for e in errors})) + "|"]
     for mixer, mode in dict.fromkeys((e["mixer"], e["mode"]) for e in errors):
         row = sorted((e for e in errors if e["mixer"] == mixer and e["mode"] == mode), key=lambda e: e["multiple"])
-        lines.append(f"| {mixer} | {mode} | {row[-1]['state']} | "
+        bound = row[-1]["certified_bound"]
+        lines.append(f"| {mixer} | {mode} | {row[-1]['state']} | {row[-1]['state_bytes_per_sequence']:,} | "
+                     + ("exact" if bound is None else f"{bound:.1e}") + " | "
                      + " | ".join(f"{e['relative_error']:.1e}" for e in row) + " |")
     parts.append("\n".join(lines))
+    parts.append(serving(results))
     return "\n\n".join(parts)
+
+
+def serving(results) -> str:
+    """How many 2,048-token sequences' decoding state fits in 1 GB (1e9 bytes), from the batch-1 state sizes."""
+    get = {(r["decoder"], r["batch"], r["context"]): r["state_bytes"] for r in results}
+    lines = ["Serving: 2,048-token sequences whose decoding state fits in 1 GB (1e9 bytes; batch-1 state sizes)", "",
+             "| decoder | bytes per sequence | sequences per GB |", "|---|---|---|"]
+    for name in ("tnn dense", "tnn dense (exact)", "tnn fd", "llama", "gpt2"):
+        if (name, 1, 2048) in get and get[(name, 1, 2048)]:
+            per = get[(name, 1, 2048)]
+            lines.append(f"| {name} | {per:,} | {int(1e9 // per):,} |")
+    return "\n".join(lines)
 
 
 def plot(results, errors, contexts, batches, path: Path) -> None:

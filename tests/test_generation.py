@@ -75,7 +75,7 @@ def _relative_error(a, b):
 
 
 @pytest.mark.parametrize("chunk", [1, 5])
-@pytest.mark.parametrize("mode", ["auto", "etsc", "exact"])
+@pytest.mark.parametrize("mode", ["auto", "compact", "etsc", "exact"])
 @pytest.mark.parametrize("mixer,gamma", [("dense", 0.9), ("dense", 1.0), ("fd", 1.0)])
 def test_cached_decoding_equals_the_no_cache_forward(mixer, gamma, mode, chunk):
     """Prefill + single tokens (or chunks) on the cache give the full forward's logits across every change of state:
@@ -102,12 +102,17 @@ def test_cached_decoding_equals_the_no_cache_forward(mixer, gamma, mode, chunk):
             assert _relative_error(logits, full) < 1e-5
 
 
-def test_auto_mode_is_exact_wherever_the_kernel_allows_it():
+def test_auto_mode_is_compact_where_certified_else_exact():
     plans = {}
-    for mixer, gamma in (("dense", 0.9), ("dense", 1.0), ("fd", 1.0)):
+    for mixer, gamma, mode in (("dense", 0.9, "auto"), ("dense", 0.9, "exact"), ("dense", 1.0, "auto"),
+                               ("fd", 1.0, "auto")):
         with torch.no_grad():
-            _, cache = _stepped_logits(_model(mixer, decay_gamma=gamma), torch.ones(1, 2, dtype=torch.long), 1, "auto")
-        plans[mixer, gamma] = cache.layers[0].plan
+            _, cache = _stepped_logits(_model(mixer, decay_gamma=gamma), torch.ones(1, 2, dtype=torch.long), 1, mode)
+        plans[mixer, gamma, mode] = cache.layers[0].plan
+    plans["dense", 0.9] = plans["dense", 0.9, "exact"]
+    plans["fd", 1.0], plans["dense", 1.0] = plans["fd", 1.0, "auto"], plans["dense", 1.0, "auto"]
+    compact = plans["dense", 0.9, "auto"]
+    assert compact.kind == "compact" and compact.error_bound <= 1e-5  # the default compact_tolerance
     support = _model("dense", decay_gamma=0.9).model.layers[0].gtu.token_mixer.kernel_support(torch.device("cpu"))
     assert 0.9**support < 2**-24 < 0.9 ** (support - 30)  # past gamma's float32 horizon, by less than 30 lags here
     assert plans["dense", 0.9].kind == "window" and plans["dense", 0.9].capacity == support

@@ -1,0 +1,257 @@
+"""A decaying dense kernel as an exact window plus a few complex modes, and a certified bound of what that costs.
+
+For a causal dense kernel ``t_k = RPE(k) gamma**k`` (``gamma < 1``) the first ``W`` lags are kept exactly and the
+tail ``k >= W`` is replaced by ``r`` complex modes per channel, ``t̂_k = Re(sum_j c_j z_j**(k - W))`` with every
+``|z_j| < 1``: a diagonal SSM that is stable at any length. The tail is smooth (the RPE's first stage normalises
+the lag's embedding, so ``RPE(k)`` converges, and ``gamma**k`` multiplies it), so a matrix pencil on the float64
+kernel finds few modes that reproduce it.
+
+The bound is computed from the weights, not sampled. Per channel,
+
+    B = [sum_{W<=k<L} |t_k - t̂_k| + sum_{k>=L} (|t_k| + |t̂_k|)] / sum_{k<L} |t_k|
+
+with the first sum computed in float64 on the modes *as stored* (rounded to complex64), and the sums beyond ``L``
+in closed form: ``|RPE(k)| <= S`` for every lag, where ``S`` follows from the RPE's last stage alone (its input is a
+ReLU of a SimpleRMSNorm output, whose Euclidean norm is below ``sqrt(d)``), so ``sum_{k>=L} |t_k| <= S gamma**L /
+(1 - gamma)``; and ``sum_{k>=L} |t̂_k| <= sum_j |c_j| |z_j|**(L - W) / (1 - |z_j|)``. The denominator is a lower bound
+of ``||t||_1``. Since ``|y - ŷ| <= ||t - t̂||_1 ||x||_inf``, every mixer output then differs from the exact kernel's by
+at most ``B ||t||_1 ||x||_inf``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call
+
+from .mixer_base import smooth_size
+from .tno_dense import DenseTno
+
+# Lags of the kernel and of the modes evaluated at once (a chunk of (lags, channels, modes) complex128 products).
+EVAL_CHUNK = 256
+# Beyond this lag the bound is closed-form whatever the decay (an upper limit on the float64 work).
+MAX_EXACT_LAGS = 1 << 16
+# The closed-form part of the bound is pushed below this fraction of the tolerance it serves.
+TAIL_SHARE = 1e-3
+
+
+@dataclass
+class ModalTail:
+    """A kernel's tail ``k >= window`` as modes: ``t̂_k = Re(sum_j residues[c, j] * poles[c, j]**(k - window))``.
+
+    ``poles`` and ``residues`` are (channels, modes) complex64, as decoding uses them; ``bound`` (channels,) float64
+    is each channel's certified relative l1 error of the whole kernel (see the module docstring)."""
+
+    window: int
+    poles: torch.Tensor
+    residues: torch.Tensor
+    bound: torch.Tensor
+
+    @property
+    def modes(self) -> int:
+        return self.poles.shape[1]
+
+    def __post_init__(self):
+        # A Python float, read once when fitted: traced code must not read tensor values.
+        self.max_bound = float(self.bound.max())
+
+
+def float64_taps(mixer: DenseTno, lags: torch.Tensor) -> torch.Tensor:
+    """The causal kernel ``RPE(k) gamma**k`` at ``lags`` (L,), evaluated in float64 whatever the weights' dtype."""
+    params = {name: p.detach().to(torch.float64) for name, p in mixer.rpe.named_parameters()}
+    lags = lags.to(torch.float64)
+    with torch.no_grad():
+        values = functional_call(mixer.rpe, params, (lags,))
+    return values * (mixer.gamma ** lags)[:, None]
+
+
+def rpe_supremum(mixer: DenseTno) -> torch.Tensor:
+    """Per channel, an upper bound of ``|RPE(k)|`` over every lag, (channels,) float64: the RPE's last stage is
+    ``out_proj(relu(norm(z)))`` and ``||relu(norm(z))||_2 <= ||norm(z)||_2 < sqrt(d)`` (``norm`` divides by the rms
+    plus a positive eps), so ``|RPE(k)_c| <= sqrt(d) ||w_c||_2 + |b_c|``."""
+    weight = mixer.rpe.out_proj.weight.detach().to(torch.float64)
+    bias = mixer.rpe.out_proj.bias
+    bias = torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device) if bias is None \
+        else bias.detach().to(torch.float64).abs()
+    return math.sqrt(weight.shape[1]) * weight.norm(dim=1) + bias
+
+
+def hankel_product(spectrum: torch.Tensor, x: torch.Tensor, fft_len: int) -> torch.Tensor:
+    """``H x`` for each channel's square Hankel matrix ``H[i, j] = f[i + j]`` (n x n), ``x`` (c, n, k): the
+    convolution of ``f`` (given as its rfft ``spectrum`` (c, F) of length ``fft_len >= 2n``) with ``x`` reversed,
+    read at lags ``n-1 .. 2n-2`` (the circular wrap stays below them)."""
+    n = x.shape[1]
+    columns = x.mT.flip(-1).contiguous()                       # (c, k, n): the FFTs run along contiguous rows
+    product = spectrum[:, None] * torch.fft.rfft(columns, n=fft_len, dim=-1)
+    return torch.fft.irfft(product, n=fft_len, dim=-1)[..., n - 1: 2 * n - 1].mT
+
+
+def hankel_poles(samples: torch.Tensor, rank: int, power_steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(poles, used)`` (channels, modes): complex128 poles of ``samples[c, k] ~ Re(sum_j c_j z_j**k)`` and which of
+    them a channel uses, from the float64 ``samples`` (channels, 2n - 1): the eigenvalues of the shift on the
+    rank-``rank`` dominant subspace of each channel's square Hankel matrix (Kung's realisation; the Hankel matrix is
+    symmetric, so a randomised subspace iteration with FFT products finds it without forming it).
+
+    A real signal's poles are real or come in conjugate pairs, and ``Re(c z**k)`` covers both of a pair: only the
+    real and upper-half poles are kept (``modes`` = the most any channel keeps, at most ``rank``; a channel that keeps
+    fewer has placeholders, ``used`` False, in its last slots). Poles on or outside the unit circle are pulled inside
+    (the bound says what that costs)."""
+    channels, length = samples.shape
+    n = (length + 1) // 2
+    fft_len = smooth_size(2 * n)
+    spectrum = torch.fft.rfft(samples[:, : 2 * n - 1], n=fft_len, dim=1)
+    generator = torch.Generator(device=samples.device).manual_seed(0)
+    basis = torch.randn(channels, n, rank + 16, dtype=samples.dtype, device=samples.device, generator=generator)
+    for _ in range(power_steps + 1):
+        basis = torch.linalg.qr(hankel_product(spectrum, basis, fft_len)).Q
+    projected = basis.mT @ hankel_product(spectrum, basis, fft_len)                  # (c, k, k), symmetric
+    values, vectors = torch.linalg.eigh((projected + projected.mT) / 2)
+    top = values.abs().argsort(dim=1, descending=True)[:, :rank]
+    dominant = basis @ vectors.gather(2, top[:, None, :].expand(-1, vectors.shape[1], -1))  # (c, n, rank)
+    poles = torch.linalg.eigvals(torch.linalg.pinv(dominant[:, :-1]) @ dominant[:, 1:])
+    real = poles.imag.abs() <= 1e-9 * poles.abs().clamp(min=1e-300)
+    poles = torch.where(real, poles.real.to(poles.dtype), poles)
+    keep = real | (poles.imag > 0)
+    order = (~keep).to(torch.int8).argsort(dim=1, stable=True)   # kept poles first
+    modes = int(keep.sum(1).max())
+    poles, keep = poles.gather(1, order)[:, :modes], keep.gather(1, order)[:, :modes]
+    poles = torch.where(keep, poles, torch.full_like(poles, 0.5))  # placeholders: zero residues
+    magnitude = poles.abs()
+    poles = torch.where(magnitude < 1, poles, poles / magnitude * (1 - 1e-6))
+    return poles, keep
+
+
+def fit_residues(samples: torch.Tensor, poles: torch.Tensor, used: torch.Tensor | None = None) -> torch.Tensor:
+    """The residues (channels, modes) complex128 minimising ``||samples - Re(sum_j c_j z_j**k)||_2`` per channel:
+    real least squares on the columns ``Re z**k`` and ``-Im z**k`` (rank-deficient for real poles, hence gelsd's
+    minimum-norm solution); modes where ``used`` is False get zero columns, hence zero residues."""
+    modes = poles.shape[1]
+    lags = torch.arange(samples.shape[1], device=samples.device, dtype=torch.float64)
+    vandermonde = torch.exp(lags[None, :, None] * torch.log(poles)[:, None, :])        # (c, N, r)
+    if used is not None:
+        vandermonde = vandermonde * used[:, None, :]
+    real_basis = torch.cat([vandermonde.real, -vandermonde.imag], dim=-1)
+    solution = torch.linalg.lstsq(real_basis, samples[..., None], driver="gelsd").solution[..., 0]
+    return torch.complex(solution[:, :modes], solution[:, modes:])
+
+
+def modal_taps(poles: torch.Tensor, residues: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``Re(sum_j residues z_j**m)`` at offsets ``m`` (L,), (L, channels), in the dtype of ``poles``."""
+    powers = torch.exp(offsets.to(poles.real.dtype)[:, None, None] * torch.log(poles)[None])
+    return (powers * residues[None]).sum(-1).real
+
+
+def exact_horizon(mixer: DenseTno, supremum: torch.Tensor, l1_floor: torch.Tensor, tolerance: float) -> int:
+    """The lag ``L`` after which the closed-form bound of the true kernel, ``S gamma**L / (1 - gamma)``, is below
+    ``TAIL_SHARE * tolerance`` of the kernel's l1 norm in every channel (at most ``MAX_EXACT_LAGS``)."""
+    gamma = mixer.gamma
+    ratio = float((supremum / l1_floor).max()) / (1 - gamma)
+    target = TAIL_SHARE * tolerance
+    if ratio <= target:
+        return 1
+    return min(MAX_EXACT_LAGS, math.ceil(math.log(target / ratio) / math.log(gamma)))
+
+
+def certified_bound(mixer: DenseTno, poles: torch.Tensor, residues: torch.Tensor, window: int,
+                    tolerance: float, taps: torch.Tensor, channels: torch.Tensor | None = None) -> torch.Tensor:
+    """Each channel's certified relative l1 error (channels,) float64 of the kernel made of the exact window and
+    the modes ``poles``/``residues`` (complex128, the values decoding uses). ``taps`` holds the float64 kernel of
+    ``channels`` (all by default) on lags ``0 .. n-1`` already evaluated (more are evaluated as needed)."""
+    device = taps.device
+    supremum = rpe_supremum(mixer).to(device)
+    if channels is not None:
+        supremum = supremum[channels]
+    horizon = exact_horizon(mixer, supremum, taps.abs().sum(0), tolerance)
+    if horizon > taps.shape[0]:
+        more = float64_taps(mixer, torch.arange(taps.shape[0], horizon, device=device))
+        taps = torch.cat([taps, more if channels is None else more[:, channels]])
+    horizon = max(horizon, window)
+    error = torch.zeros(taps.shape[1], dtype=torch.float64, device=device)
+    for start in range(window, horizon, EVAL_CHUNK):
+        stop = min(horizon, start + EVAL_CHUNK)
+        offsets = torch.arange(start - window, stop - window, device=device)
+        error += (taps[start:stop] - modal_taps(poles, residues, offsets)).abs().sum(0)
+    l1 = taps[:horizon].abs().sum(0)
+    kernel_beyond = supremum * mixer.gamma**horizon / (1 - mixer.gamma)
+    magnitude = poles.abs()
+    modes_beyond = (residues.abs() * magnitude ** (horizon - window) / (1 - magnitude)).sum(-1)
+    return (error + kernel_beyond + modes_beyond) / l1
+
+
+def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, device: torch.device,
+                   channels: torch.Tensor | None = None, span: int = 1200) -> ModalTail:
+    """Fit the tail ``k >= window`` of ``mixer``'s causal kernel (its ``channels``, all by default) with the real and
+    upper-half poles of a rank-``rank`` realisation (:func:`hankel_poles`, float64, lags ``window .. window +
+    span``), residues by least squares over the lags where ``gamma**k`` exceeds 2**-30, round them to complex64 and
+    certify them (:func:`certified_bound`)."""
+    if not mixer.gamma < 1:
+        raise ValueError(f"A modal tail needs a decaying kernel (decay_gamma < 1), got decay_gamma={mixer.gamma}.")
+    reach = min(MAX_EXACT_LAGS, max(span, math.ceil(math.log(2.0**-30) / math.log(mixer.gamma))))
+    taps = float64_taps(mixer, torch.arange(window + reach, device=device))
+    if channels is not None:
+        taps = taps[:, channels]
+    samples = taps[window:].t().contiguous()
+    poles, used = hankel_poles(samples[:, :span], rank)
+    residues = fit_residues(samples, poles, used)
+    poles, residues = poles.to(torch.complex64), residues.to(torch.complex64)
+    inside = poles.abs() < 1
+    if not bool(inside.all()):  # rounding put a pole on the circle: pull it back inside
+        poles = torch.where(inside, poles, poles * (1 - 2.0**-20))
+    bound = certified_bound(mixer, poles.to(torch.complex128), residues.to(torch.complex128), window, tolerance, taps,
+                            channels)
+    return ModalTail(window=window, poles=poles, residues=residues, bound=bound)
+
+
+# The fits tried, in order, on the channels whose bound still exceeds the tolerance: (window, realisation rank),
+# chosen on the benchmark model (dense small preset, hidden 256, gamma 0.99; docs/compact-decoding.md).
+FIT_LADDER = ((32, 32), (32, 48), (64, 48), (96, 64))
+
+
+def compact_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail:
+    """The modal tail decoding uses: the fits of ``FIT_LADDER`` in turn, each on the channels not yet certified,
+    every channel keeping its smallest bound, until all meet ``tolerance`` or the ladder ends."""
+    best = fit_modal_tail(mixer, *FIT_LADDER[0], tolerance, device)
+    for window, rank in FIT_LADDER[1:]:
+        failing = (best.bound > tolerance).nonzero()[:, 0]
+        if len(failing) == 0:
+            break
+        refit = fit_modal_tail(mixer, window, rank, tolerance, device, channels=failing)
+        best = _merged(best, refit, failing)
+    if best.window != FIT_LADDER[0][0]:
+        # Widening re-rounded some residues to complex64: certify the constants decoding will use.
+        taps = float64_taps(mixer, torch.arange(best.window + 1, device=device))
+        bound = certified_bound(mixer, best.poles.to(torch.complex128), best.residues.to(torch.complex128),
+                                best.window, tolerance, taps)
+        best = ModalTail(window=best.window, poles=best.poles, residues=best.residues, bound=bound)
+    return best
+
+
+def _widened(tail: ModalTail, window: int) -> ModalTail:
+    """The same kernel with a longer exact window: lags ``tail.window .. window - 1`` move from the modes to the
+    window (exact, so the bound still holds) and the modes start ``window - tail.window`` lags later
+    (``c z**k`` -> ``c z**shift z**(k - shift)``)."""
+    shift = window - tail.window
+    if shift == 0:
+        return tail
+    residues = tail.residues.to(torch.complex128) * tail.poles.to(torch.complex128) ** shift
+    return ModalTail(window=window, poles=tail.poles, residues=residues.to(torch.complex64), bound=tail.bound)
+
+
+def _merged(best: ModalTail, refit: ModalTail, channels: torch.Tensor) -> ModalTail:
+    """``best`` with ``channels`` taken from ``refit`` where that lowers their bound; one window (the longer) and one
+    mode count (the larger; padding modes have zero residues) for the whole layer."""
+    window = max(best.window, refit.window)
+    best, refit = _widened(best, window), _widened(refit, window)
+    modes = max(best.modes, refit.modes)
+    pad = torch.nn.functional.pad
+    poles = pad(best.poles, (0, modes - best.modes), value=0.5)
+    residues = pad(best.residues, (0, modes - best.modes))
+    bound = best.bound.clone()
+    better = refit.bound < bound[channels]
+    chosen = channels[better]
+    poles[chosen] = pad(refit.poles, (0, modes - refit.modes), value=0.5)[better]
+    residues[chosen] = pad(refit.residues, (0, modes - refit.modes))[better]
+    bound[chosen] = refit.bound[better]
+    return ModalTail(window=window, poles=poles, residues=residues, bound=bound)
