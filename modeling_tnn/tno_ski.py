@@ -206,8 +206,6 @@ class SkiTno(TokenMixer):
         z = torch.bmm(weights.transpose(1, 2), x)                                      # (b, r, c)
         return torch.bmm(weights, _toeplitz_product(k_r, z))
 
-    fuses_activation = True
-
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         weights, k_r = self.low_rank_factors(x, attention_mask)
         return _SparsePlusLowRank.apply(x.contiguous(), self.band.to(x.dtype), weights, k_r, activate,

@@ -75,3 +75,14 @@ def saved_bytes(function) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         function()
     return total
+
+
+@pytest.fixture(params=["direct", "fft"])
+def mixer_path(request, monkeypatch) -> str:
+    """Runs a test once with the dense and FD mixers' short-sequence path (the Toeplitz matrix, for every length the
+    test uses) and once with the FFT path (for every length)."""
+    from modeling_tnn import mixer_base
+
+    monkeypatch.setattr(mixer_base, "DIRECT_MAX_LENGTH", 1 << 30 if request.param == "direct" else 0)
+    monkeypatch.setattr(mixer_base, "DIRECT_MAX_ENTRIES", 1 << 62)
+    return request.param

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from modeling_tnn.naive import simple_rms_norm as reference
 from modeling_tnn.rpe import SimpleRMSNorm
-
-
-def reference(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x / (x.pow(2).mean(dim=-1, keepdim=True).sqrt() + eps)
 
 
 def test_norm_gradients_equal_the_definition():
