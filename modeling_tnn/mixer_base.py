@@ -346,7 +346,9 @@ def _lag_rows(taps: torch.Tensor, n: int, lag0: int) -> torch.Tensor:
     rows = taps.shape[0]
     low, high = max(0, lag0 - (n - 1)), min(rows, lag0 + n)
     before, after = (n - 1) - (lag0 - low), (n - 1) - (high - 1 - lag0)
-    return F.pad(taps[low:high].t(), (before, after))
+    # Channel-major in memory (pad keeps its input's layout): the matrices built from it must be contiguous, else
+    # bmm runs channel by channel.
+    return F.pad(taps[low:high].t(), (before, after)).contiguous()
 
 
 def _toeplitz_matrices(rows: torch.Tensor) -> torch.Tensor:
