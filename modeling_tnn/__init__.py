@@ -25,7 +25,7 @@ from .modeling_tnn import (
     TnnModel,
     TnnPreTrainedModel,
 )
-from .presets import list_presets, load_preset
+from .preset_loading import list_presets, load_preset
 
 AutoConfig.register("tnn", TnnConfig, exist_ok=True)
 AutoModel.register(TnnConfig, TnnModel, exist_ok=True)

@@ -1,53 +1,104 @@
 """Configuration of Toeplitz Neural Networks (TNN, FD-TNN, SKI-TNN)."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: @strict type-checks the fields from their annotations, and skips string ones.
 import contextlib
 import contextvars
-import copy
+import dataclasses
+import functools
 import math
-from collections.abc import Iterator
-from typing import Any
+import types
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, Union, get_args, get_origin
 
-from transformers import PretrainedConfig
+from huggingface_hub.dataclasses import strict, validated_field
+from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
+from transformers import PreTrainedConfig
 
-TOKEN_MIXERS = ("dense", "fd", "ski")
-GENERATION_CACHE_MODES = ("auto", "etsc", "exact")
-# The papers' architecture choices (the defaults are the first value of each: this project's original block).
-NORM_PLACEMENTS = ("pre", "post")
-FINAL_NORMS = ("layernorm", "simplermsnorm", "none")
-CLASSIFIER_POOLINGS = ("auto", "mean", "last")
-# The fields validate_fields checks: assigning one of them re-validates the config (see TnnConfig.__setattr__).
-VALIDATED_FIELDS = frozenset({
-    "vocab_size", "hidden_size", "num_hidden_layers", "gtu_expand_ratio", "glu_expand_ratio", "rpe_dim",
-    "rpe_layers", "decay_gamma", "token_mixer", "causal", "ski_rank", "ski_kernel_size", "fd_kernel_length",
-    "etsc_length", "generation_cache", "dropout", "initializer_range", "norm_placement", "embedding_layer_norm",
-    "scale_embeddings", "final_norm", "classifier_pooling", "fft_recompute",
-})
-# Set while a batch of assignments is applied (from_dict's kwargs, update): the batch is validated as a whole once
-# it is complete, so that an order such as token_mixer="ski" before causal=False is not refused half-way.
-_VALIDATION_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("tnn_validation_deferred", default=False)
+# The choices of the string fields: their annotations, so @strict refuses any other value.
+TokenMixerName = Literal["dense", "fd", "ski"]
+GenerationCacheMode = Literal["auto", "etsc", "exact"]
+NormPlacement = Literal["pre", "post"]
+FinalNorm = Literal["layernorm", "simplermsnorm", "none"]
+ClassifierPooling = Literal["auto", "mean", "last"]
+GENERATION_CACHE_MODES: tuple[str, ...] = get_args(GenerationCacheMode)
+
+# Set while a batch of assignments is applied (update, update_from_string): the checks that relate fields run once the
+# batch is complete, so that an order such as token_mixer="ski" before causal=False is not refused half-way.
+_BATCH_OPEN: contextvars.ContextVar[bool] = contextvars.ContextVar("tnn_config_batch_open", default=False)
 
 
-@contextlib.contextmanager
-def _validation_deferred() -> Iterator[None]:
-    token = _VALIDATION_DEFERRED.set(True)
-    try:
-        yield
-    finally:
-        _VALIDATION_DEFERRED.reset(token)
+def _field(default: Any, requirement: str, holds: Callable[[Any], bool]) -> Any:
+    """A field whose value, once @strict has checked its type, must satisfy ``holds``; a refusal reads ``must
+    {requirement}, got {value}`` (the config puts the field's name in front)."""
+
+    def check(value: Any) -> None:
+        if not holds(value):
+            raise ValueError(f"must {requirement}, got {value!r}.")
+
+    return validated_field(check, default=default)
 
 
-def _is_number(value: Any) -> bool:
-    """A finite real number (``bool`` excluded: ``dropout=True`` is a mistake, not 1)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _positive_integer(default: int) -> int:
+    return _field(default, "be a positive integer", lambda value: value > 0)
 
 
-class TnnConfig(PretrainedConfig):
+def _positive_number(default: float) -> float:
+    return _field(default, "be a positive finite number", lambda value: 0 < value < math.inf)
+
+
+def _expected(annotation: Any) -> str:
+    """What a type annotation allows, as a refusal says it: ``one of ('pre', 'post')``, ``a bool or None``."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return f"one of {get_args(annotation)}"
+    if origin in (Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_expected(arg) for arg in get_args(annotation)))
+    if annotation is type(None):
+        return "None"
+    name = getattr(origin or annotation, "__name__", str(annotation))
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _raising_value_errors(cls: type) -> type:
+    """Turn @strict's refusals into ``ValueError`` with the wording ``TnnConfig.<field> must ..., got <value>``.
+
+    huggingface_hub raises ``StrictDataclassError``, which is not a ``ValueError`` (what callers catch, and what every
+    other check of the project raises), and words a type refusal as ``Field 'x' expected ...``.
+    """
+    checked_setattr, checked_validate = cls.__setattr__, cls.validate
+
+    @functools.wraps(checked_setattr)
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            checked_setattr(self, name, value)
+        except StrictDataclassFieldValidationError as error:
+            cause = error.__cause__
+            if isinstance(cause, TypeError):  # @strict's check of the annotation
+                cause = f"must be {_expected(cls.__dataclass_fields__[name].type)}, got {value!r}."
+            raise ValueError(f"{cls.__name__}.{name} {cause}") from error
+
+    @functools.wraps(checked_validate)
+    def validate(self) -> None:
+        try:
+            checked_validate(self)
+        except StrictDataclassClassValidationError as error:
+            raise ValueError(str(error.__cause__)) from error
+
+    cls.__setattr__, cls.validate = __setattr__, validate
+    return cls
+
+
+@_raising_value_errors
+@strict
+class TnnConfig(PreTrainedConfig):
     r"""Configuration of a Toeplitz Neural Network.
 
     The defaults are the paper's WikiText-103 language model (7 layers, width 512, GTU expansion 3, GLU
     expansion 1, a 6-layer RPE of width 64, decay 0.99).
+
+    Every way of setting a field (the constructor, ``from_pretrained``/``from_dict`` and their keyword overrides,
+    assignment, ``update``, ``update_from_string``) checks it, and a refused value raises ``ValueError`` naming the
+    field and what it allows; ``update`` and ``update_from_string`` apply all of their values or none.
 
     Args:
         vocab_size: Number of rows of the token embedding.
@@ -62,7 +113,8 @@ class TnnConfig(PretrainedConfig):
         token_mixer: ``"dense"`` (TNN, FFT Toeplitz product), ``"fd"`` (RPE in the frequency domain) or
             ``"ski"`` (band convolution + structured kernel interpolation; bidirectional only).
         causal: ``None`` lets the model class decide (causal for ``TnnModel``/``TnnForCausalLM``, bidirectional for
-            masked LM and sequence classification); the resolved value is what gets saved.
+            masked LM and the encoder heads). The model sets the resolved value on the config it is given
+            (``model.config is config``), and that value is what gets saved.
         ski_rank: Number of SKI inducing points (at least 2).
         ski_kernel_size: Odd width of SKI's centred band convolution.
         fd_kernel_length: FD samples its RPE on the rfft grid of FFT size ``2 * fd_kernel_length``, so its kernel
@@ -101,196 +153,119 @@ class TnnConfig(PretrainedConfig):
     _auto_class = "AutoConfig"  # save_pretrained copies this file beside config.json (remote code)
     keys_to_ignore_at_inference = ["past_key_values", "cache"]
 
-    def __init__(
-        self,
-        vocab_size: int = 50264,
-        hidden_size: int = 512,
-        num_hidden_layers: int = 7,
-        gtu_expand_ratio: float = 3,
-        glu_expand_ratio: float = 1,
-        rpe_dim: int = 64,
-        rpe_layers: int = 6,
-        decay_gamma: float = 0.99,
-        token_mixer: str = "dense",
-        causal: bool | None = None,
-        ski_rank: int = 32,
-        ski_kernel_size: int = 17,
-        fd_kernel_length: int = 512,
-        etsc_length: int = 512,
-        generation_cache: str = "auto",
-        dropout: float = 0.1,
-        initializer_range: float = 0.02,
-        norm_placement: str = "pre",
-        embedding_layer_norm: bool = False,
-        scale_embeddings: bool = True,
-        final_norm: str = "layernorm",
-        classifier_pooling: str = "auto",
-        fft_recompute: bool | None = None,
-        pad_token_id: int | None = None,
-        bos_token_id: int | None = None,
-        eos_token_id: int | None = None,
-        tie_word_embeddings: bool = True,
-        use_cache: bool = True,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_hidden_layers = num_hidden_layers
-        self.gtu_expand_ratio = gtu_expand_ratio
-        self.glu_expand_ratio = glu_expand_ratio
-        self.rpe_dim = rpe_dim
-        self.rpe_layers = rpe_layers
-        self.decay_gamma = decay_gamma
-        self.token_mixer = token_mixer
-        self.causal = causal
-        self.ski_rank = ski_rank
-        self.ski_kernel_size = ski_kernel_size
-        self.fd_kernel_length = fd_kernel_length
-        self.etsc_length = etsc_length
-        self.generation_cache = generation_cache
-        self.dropout = dropout
-        self.initializer_range = initializer_range
-        self.norm_placement = norm_placement
-        self.embedding_layer_norm = embedding_layer_norm
-        self.scale_embeddings = scale_embeddings
-        self.final_norm = final_norm
-        self.classifier_pooling = classifier_pooling
-        self.fft_recompute = fft_recompute
-        self.pad_token_id = pad_token_id
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
-        self.tie_word_embeddings = tie_word_embeddings
-        self.use_cache = use_cache
-        self.validate_fields()  # before the base class, whose own checks would raise a less helpful error
-        super().__init__(**kwargs)
+    # Each field is checked on its own by @strict (its annotation, then its rule); validate_* relate fields.
+    vocab_size: int = _positive_integer(50264)
+    hidden_size: int = _positive_integer(512)
+    num_hidden_layers: int = _positive_integer(7)
+    gtu_expand_ratio: int | float = _positive_number(3)
+    glu_expand_ratio: int | float = _positive_number(1)
+    rpe_dim: int = _positive_integer(64)
+    rpe_layers: int = _field(6, "be a non-negative integer", lambda value: value >= 0)
+    decay_gamma: int | float = _field(0.99, "lie in (0, 1]", lambda value: 0 < value <= 1)
+    token_mixer: TokenMixerName = "dense"
+    causal: bool | None = None
+    ski_rank: int = _field(32, "be an integer of at least 2 (inducing points)", lambda value: value >= 2)
+    ski_kernel_size: int = _field(17, "be a positive odd integer (a centred band)",
+                                  lambda value: value > 0 and value % 2 == 1)
+    fd_kernel_length: int = _positive_integer(512)
+    etsc_length: int = _positive_integer(512)
+    generation_cache: GenerationCacheMode = "auto"
+    dropout: int | float = _field(0.1, "lie in [0, 1)", lambda value: 0 <= value < 1)
+    initializer_range: int | float = _field(0.02, "be a non-negative finite number",
+                                            lambda value: 0 <= value < math.inf)
+    norm_placement: NormPlacement = "pre"
+    embedding_layer_norm: bool = False
+    scale_embeddings: bool = True
+    final_norm: FinalNorm = "layernorm"
+    classifier_pooling: ClassifierPooling = "auto"
+    fft_recompute: bool | None = None
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
 
-    # -- validation on every path that changes a field --------------------------------------------------------------
-    # transformers applies extra ``from_pretrained``/``from_dict`` kwargs with setattr AFTER __init__, and
-    # ``update``/``update_from_string`` and plain assignment skip __init__ altogether: each of them validates too.
-    def __setattr__(self, key: str, value: Any) -> None:
-        if key not in VALIDATED_FIELDS or _VALIDATION_DEFERRED.get() or not self._fields_complete():
-            super().__setattr__(key, value)
-            return
-        with self._validated_batch():
-            super().__setattr__(key, value)
+    # -- checks that relate fields (@strict runs every validate_* method in __init__ and in validate()) -------------
+    def validate_expand_ratios(self) -> None:
+        """The GTU and the GLU have at least one channel (their width is ``int(ratio * hidden_size)``)."""
+        for name in ("gtu_expand_ratio", "glu_expand_ratio"):
+            ratio = getattr(self, name)
+            if int(ratio * self.hidden_size) < 1:
+                raise ValueError(f"TnnConfig.{name} must be a positive number with {name} * hidden_size >= 1, got "
+                                 f"{ratio!r} (hidden_size={self.hidden_size}).")
 
-    def _fields_complete(self) -> bool:
-        # False while __init__ assigns the fields one by one (it validates them all once they are set).
-        fields = self.__dict__
-        return all(name in fields for name in VALIDATED_FIELDS)
+    def validate_causal_token_mixer(self) -> None:
+        """SKI is bidirectional only: the one place that refuses a causal SKI model (the model classes resolve
+        ``causal`` by assigning it, which runs this check)."""
+        if self.causal is True and self.token_mixer == "ski":
+            raise ValueError(
+                "TnnConfig.token_mixer='ski' is bidirectional only, but the model is causal (causal=True). SKI's "
+                "per-length inducing grid can be neither causal-consistent nor turned into a recurrence (the paper "
+                "drops SKI for causal models): use token_mixer='fd' or 'dense', or set causal=False."
+            )
+
+    # -- the paths @strict does not cover ---------------------------------------------------------------------------
+    # @strict checks an assigned field alone and runs validate_* only in __init__: an assignment to one of TnnConfig's
+    # fields after __init__ (and update's batch) re-runs them here, and puts the config back if they refuse.
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in TnnConfig.__annotations__ and getattr(self, "_post_init_done", False) and not _BATCH_OPEN.get():
+            with self._all_or_nothing():
+                super().__setattr__(name, value)
+        else:
+            super().__setattr__(name, value)
 
     @contextlib.contextmanager
-    def _validated_batch(self) -> Iterator[None]:
-        """Apply the assignments of the block, then validate them as a whole; all or nothing: on a ``ValueError``
-        (from the block or from validation) every attribute is put back as it was."""
+    def _all_or_nothing(self) -> Iterator[None]:
+        """Apply the block's assignments, then validate the config as a whole; on a ``ValueError`` (from the block or
+        from validation) every attribute is put back as it was."""
         before = dict(self.__dict__)
+        token = _BATCH_OPEN.set(True)
         try:
-            with _validation_deferred():
+            try:
                 yield
-            self.validate_fields()
+            finally:
+                _BATCH_OPEN.reset(token)
+            self.validate()
         except ValueError:
             self.__dict__.clear()
             self.__dict__.update(before)
             raise
 
     @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> "TnnConfig" | tuple["TnnConfig", dict]:
-        """:meth:`PretrainedConfig.from_dict`, validating the config once the extra ``kwargs`` are applied (this is
-        the path of ``from_pretrained(folder, decay_gamma=...)`` and ``AutoConfig.from_pretrained``)."""
-        with _validation_deferred():
-            result = super().from_dict(config_dict, **kwargs)
-        (result[0] if isinstance(result, tuple) else result).validate_fields()
-        return result
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> "TnnConfig | tuple[TnnConfig, dict[str, Any]]":
+        """:meth:`PreTrainedConfig.from_dict`, with the keyword overrides that are fields (``from_pretrained(folder,
+        decay_gamma=...)``) passed to the constructor with the file's values, so that they are validated with them
+        (transformers would assign them one at a time after ``__init__``)."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
+        return super().from_dict({**config_dict, **overrides}, **kwargs)
 
     def update(self, config_dict: dict[str, Any]) -> None:
         """Set the attributes in ``config_dict``; all or nothing: a bad value raises and leaves the config as it was."""
-        with self._validated_batch():
+        with self._all_or_nothing():
             super().update(config_dict)
 
     def update_from_string(self, update_str: str) -> None:
-        """:meth:`PretrainedConfig.update_from_string` (``"k=v,k2=v2"``), validated like :meth:`update` (a malformed
+        """:meth:`PreTrainedConfig.update_from_string` (``"k=v,k2=v2"``), validated like :meth:`update` (a malformed
         string or an unknown key also leaves the config as it was)."""
-        with self._validated_batch():
+        with self._all_or_nothing():
             super().update_from_string(update_str)
 
-    # -- validation -------------------------------------------------------------------------------------------
-    def validate_fields(self) -> None:
-        """Raise ``ValueError`` naming the first field whose value is not allowed."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "rpe_dim", "ski_rank", "ski_kernel_size",
-                     "fd_kernel_length", "etsc_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"TnnConfig.{name} must be a positive integer, got {value!r}.")
-        if isinstance(self.rpe_layers, bool) or not isinstance(self.rpe_layers, int) or self.rpe_layers < 0:
-            raise ValueError(f"TnnConfig.rpe_layers must be a non-negative integer, got {self.rpe_layers!r}.")
-        for name in ("gtu_expand_ratio", "glu_expand_ratio"):
-            value = getattr(self, name)
-            if not _is_number(value) or int(value * self.hidden_size) < 1:
-                raise ValueError(
-                    f"TnnConfig.{name} must be a positive number with {name} * hidden_size >= 1, got {value!r}."
-                )
-        if self.token_mixer not in TOKEN_MIXERS:
-            raise ValueError(f"TnnConfig.token_mixer must be one of {TOKEN_MIXERS}, got {self.token_mixer!r}.")
-        if not _is_number(self.decay_gamma) or not 0 < self.decay_gamma <= 1:
-            raise ValueError(f"TnnConfig.decay_gamma must lie in (0, 1], got {self.decay_gamma!r}.")
-        if self.ski_kernel_size % 2 == 0:
-            raise ValueError(f"TnnConfig.ski_kernel_size must be odd (a centred band), got {self.ski_kernel_size}.")
-        if self.ski_rank < 2:
-            raise ValueError(f"TnnConfig.ski_rank must be at least 2 (inducing points), got {self.ski_rank}.")
-        if not _is_number(self.dropout) or not 0 <= self.dropout < 1:
-            raise ValueError(f"TnnConfig.dropout must lie in [0, 1), got {self.dropout!r}.")
-        if not _is_number(self.initializer_range) or self.initializer_range < 0:
-            raise ValueError(
-                f"TnnConfig.initializer_range must be a non-negative number, got {self.initializer_range!r}."
-            )
-        if not (self.causal is None or isinstance(self.causal, bool)):
-            raise ValueError(f"TnnConfig.causal must be None, True or False, got {self.causal!r}.")
-        if self.generation_cache not in GENERATION_CACHE_MODES:
-            raise ValueError(
-                f"TnnConfig.generation_cache must be one of {GENERATION_CACHE_MODES}, got {self.generation_cache!r}."
-            )
-        for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("final_norm", FINAL_NORMS),
-                              ("classifier_pooling", CLASSIFIER_POOLINGS)):
-            value = getattr(self, name)
-            if not isinstance(value, str) or value not in allowed:
-                raise ValueError(f"TnnConfig.{name} must be one of {allowed}, got {value!r}.")
-        for name in ("embedding_layer_norm", "scale_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"TnnConfig.{name} must be True or False, got {value!r}.")
-        if self.fft_recompute is not None and not isinstance(self.fft_recompute, bool):
-            raise ValueError(f"TnnConfig.fft_recompute must be None, True or False, got {self.fft_recompute!r}.")
-        if self.causal is True and self.token_mixer == "ski":
-            raise ValueError(self._causal_ski_message())
-
-    @staticmethod
-    def _causal_ski_message() -> str:
-        return (
-            "TnnConfig.token_mixer='ski' is bidirectional only, but the model is causal (causal=True). SKI's "
-            "per-length inducing grid can be neither causal-consistent nor turned into a recurrence (the paper drops "
-            "SKI for causal models): use token_mixer='fd' or 'dense', or set causal=False."
-        )
-
-    def resolve_causal(self, default: bool, allowed: tuple[bool, ...], head: str) -> "TnnConfig":
-        """Return the config a model class should hold: ``causal`` resolved to ``default`` when it is ``None``.
+    def resolve_causal(self, default: bool, allowed: tuple[bool, ...], head: str) -> None:
+        """Set ``causal`` to the model class's ``default`` when it is ``None``, in place: the model holds this very
+        config (``model.config is config``) and saves the resolved direction.
 
         Raises ``ValueError`` when an explicit ``causal`` contradicts the head (for example a masked LM with
-        ``causal=True``) or when SKI is asked to be causal.
+        ``causal=True``) and, through the assignment's validation, when the model would be causal SKI.
         """
         causal = default if self.causal is None else self.causal
         if causal not in allowed:
-            allowed_text = " or ".join(str(v) for v in allowed)
+            allowed_text = " or ".join(str(value) for value in allowed)
             raise ValueError(
-                f"TnnConfig.causal={causal} contradicts {head}, which needs causal={allowed_text} "
-                "(or causal=None to let the class decide)."
+                f"TnnConfig.causal={causal} contradicts {head}, which needs causal={allowed_text} (or causal=None to "
+                "let the class decide; a model sets it on the config it is built from)."
             )
-        if causal and self.token_mixer == "ski":  # checked before assigning, which would raise without the head
-            raise ValueError(self._causal_ski_message() + f" (building {head})")
-        if self.causal is None:
-            config = copy.deepcopy(self)
-            config.causal = causal
-            return config
-        return self
+        self.causal = causal
 
     # -- derived sizes ---------------------------------------------------------------------------------------------
     @property

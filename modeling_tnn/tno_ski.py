@@ -154,8 +154,7 @@ class SkiTno(TokenMixer):
     """Sparse (band convolution) plus low-rank (structured kernel interpolation) Toeplitz approximation."""
 
     def __init__(self, config: TnnConfig, channels: int):
-        if config.causal:
-            raise ValueError(config._causal_ski_message())
+        # Bidirectional only: TnnConfig refuses a causal SKI config (validate_causal_token_mixer).
         super().__init__(channels, causal=False, recompute_spectra=config.fft_recompute)
         self.rank = config.ski_rank
         self.gamma = float(config.decay_gamma)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Quality comparison: TNN (dense and fd token mixers) against GPT-2 at matched parameter count.
 
-Every model trains through ``train_clm``'s code path (``lm_training.run``) with the same tokenizer, tokens, steps,
+Every model trains through ``train_clm``'s code path (``recipes.pretraining.training.run``) with the same tokenizer, tokens, steps,
 batch, learning-rate schedule and seed; only ``--config_name``/``--config_overrides`` differ. GPT-2 is transformers'
 ``GPT2LMHeadModel`` with its width chosen to match TNN dense's parameter count and its position table sized to the
 training length, as a user would train it.
@@ -37,11 +37,11 @@ from typing import Any
 import torch
 from param_matching import closest_size, count_parameters
 
-from modeling_tnn.recipes.checkpoints import METRICS_FILE
-from modeling_tnn.recipes.data_location import find_data_dir
-from modeling_tnn.recipes.lm_arguments import parse_args
-from modeling_tnn.recipes.lm_evaluation import evaluate_lengths
-from modeling_tnn.recipes.lm_training import run
+from modeling_tnn.recipes.common.run_files import METRICS_FILE
+from modeling_tnn.recipes.common.data_location import find_data_dir
+from modeling_tnn.recipes.pretraining.arguments import parse_args
+from modeling_tnn.recipes.pretraining.evaluation import evaluate_lengths
+from modeling_tnn.recipes.pretraining.training import run
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("tinyshakespeare", "wikitext2")
@@ -152,7 +152,7 @@ def bench_dataset(name: str, args: argparse.Namespace, folder: Path) -> dict[str
     from datasets import Dataset, DatasetDict
 
     from modeling_tnn import TnnForCausalLM, load_preset
-    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     train_text, valid_text, description = load_texts(name, folder)
     raw = DatasetDict({"train": Dataset.from_dict({"text": rows(train_text)}),

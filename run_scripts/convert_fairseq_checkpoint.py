@@ -9,7 +9,7 @@ Examples::
 
 The folder holds config.json (with auto_map), the model code and model.safetensors (and the tokenizer files with
 --dictionary); it loads with AutoModelForCausalLM or AutoModelForMaskedLM, with or without trust_remote_code. What is
-refused, and why, is described in modeling_tnn/recipes/fairseq_conversion.py and the README; a refusal prints
+refused, and why, is described in modeling_tnn/recipes/fairseq/conversion.py and the README; a refusal prints
 ``convert_fairseq_checkpoint.py: error: ...`` and exits with status 2 before anything is written.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from modeling_tnn.recipes.fairseq_conversion import convert_fairseq_checkpoint
+from modeling_tnn.recipes.fairseq.conversion import convert_fairseq_checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ Input errors (a missing local folder or file, an empty file, a missing column) p
 with status 2 before anything is trained.
 """
 
-from modeling_tnn.recipes.glue_finetuning import cli
+from modeling_tnn.recipes.glue.finetuning import cli
 
 if __name__ == "__main__":
     cli()

@@ -32,9 +32,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from modeling_tnn.recipes.data_location import find_data_dir
-from modeling_tnn.recipes.glue_suite import default_glue_dir
-from modeling_tnn.recipes.glue_suite import main as glue_suite_main
+from modeling_tnn.recipes.common.data_location import find_data_dir
+from modeling_tnn.recipes.glue.suite import default_glue_dir
+from modeling_tnn.recipes.glue.suite import main as glue_suite_main
 
 HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parent
@@ -66,7 +66,7 @@ def write_pretraining_text(source: str, work_dir: Path) -> tuple[Path, str]:
         parts = [(folder / "wikitext-2" / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt")]
         what = "WikiText-2 (tokenised version) valid + test text, 5% of its lines held out for MLM validation"
     else:
-        from modeling_tnn.recipes.corpus import embedded_corpus
+        from modeling_tnn.recipes.pretraining.corpus import embedded_corpus
 
         parts = ["\n\n".join(embedded_corpus())]
         what = "the embedded corpus (CPython's pydoc_data.topics), 5% of its lines held out for MLM validation"
@@ -77,7 +77,7 @@ def write_pretraining_text(source: str, work_dir: Path) -> tuple[Path, str]:
 
 def train_tokenizer(text_file: Path, vocab_size: int, folder: Path) -> None:
     """A byte-level BPE with ``<s> A </s></s> B </s>`` pairs, trained on the pretraining text."""
-    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     lines = [line for line in text_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     train_byte_level_bpe(lines, vocab_size=vocab_size, add_bos_eos=True).save_pretrained(folder)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from modeling_tnn.recipes.listops_data import DEFAULT_COUNTS, MAX_LENGTH, MIN_LENGTH, make_listops
+from modeling_tnn.recipes.listops.data import DEFAULT_COUNTS, MAX_LENGTH, MIN_LENGTH, make_listops
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

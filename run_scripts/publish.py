@@ -23,7 +23,7 @@ before anything is uploaded.
 
 import sys
 
-from modeling_tnn.recipes.publish_command import main
+from modeling_tnn.recipes.hub.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

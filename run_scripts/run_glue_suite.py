@@ -15,7 +15,7 @@ Example::
         --output_dir outputs/glue --results_dir results/glue -- --num_train_epochs 3 --learning_rate 1e-3
 """
 
-from modeling_tnn.recipes.glue_suite import cli
+from modeling_tnn.recipes.glue.suite import cli
 
 if __name__ == "__main__":
     cli()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from modeling_tnn.recipes.listops_training import summarize_runs
+from modeling_tnn.recipes.listops.training import summarize_runs
 
 
 def main(argv: list[str] | None = None) -> None:

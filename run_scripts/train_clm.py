@@ -5,13 +5,13 @@
     accelerate launch --cpu --num_processes 2 run_scripts/train_clm.py --config_name tiny --max_train_steps 20
 
 Without --dataset_name or --train_file it trains on the embedded default corpus. ``--help`` lists every flag; the
-logic lives in ``modeling_tnn.recipes`` (the loop: ``lm_training.py``), shared with ``train_mlm.py``.
+logic lives in ``modeling_tnn.recipes`` (the loop: ``pretraining/training.py``), shared with ``train_mlm.py``.
 """
 
 if __name__ == "__main__":
-    from modeling_tnn.recipes.cpu_launch import relaunch_dropped_cpu_processes
+    from modeling_tnn.recipes.pretraining.cpu_launch import relaunch_dropped_cpu_processes
 
     relaunch_dropped_cpu_processes()  # first thing: `accelerate launch --cpu` may have dropped processes
-    from modeling_tnn.recipes.lm_training import cli_main
+    from modeling_tnn.recipes.pretraining.training import cli_main
 
     cli_main("clm")

@@ -19,8 +19,8 @@ import torch
 from transformers import DataCollatorWithPadding, HfArgumentParser, Trainer, TrainingArguments, set_seed
 from transformers.trainer_utils import IntervalStrategy
 
-from modeling_tnn.recipes.listops_data import build_listops_tokenizer, load_listops_split
-from modeling_tnn.recipes.listops_training import (
+from modeling_tnn.recipes.listops.data import build_listops_tokenizer, load_listops_split
+from modeling_tnn.recipes.listops.training import (
     ListOpsArguments,
     build_model,
     compute_metrics,

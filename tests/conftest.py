@@ -42,8 +42,8 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from modeling_tnn.recipes.corpus import embedded_corpus
-    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.pretraining.corpus import embedded_corpus
+    from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     return train_byte_level_bpe(embedded_corpus()[:20], vocab_size=300)
 

@@ -5,57 +5,33 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
+import traceback
 import zipfile
 
 import pytest
 
-from modeling_tnn import (TnnConfig, TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel,
-                          list_presets, load_preset)
+from modeling_tnn import (TnnConfig, TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswering,
+                          TnnForSequenceClassification, TnnForTokenClassification, TnnModel, list_presets, load_preset)
 
 from conftest import PROJECT_ROOT, tiny_config
 from remote_code import BLOCK_PACKAGE_PREAMBLE
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("token_mixer", "attention"),
-        ("decay_gamma", 0.0),
-        ("decay_gamma", 1.5),
-        ("hidden_size", 0),
-        ("num_hidden_layers", -1),
-        ("vocab_size", 0),
-        ("rpe_dim", 0),
-        ("fd_kernel_length", 0),
-        ("etsc_length", 0),
-        ("ski_kernel_size", 16),
-        ("ski_rank", 1),
-        ("dropout", 1.0),
-        ("generation_cache", "kv"),
-        ("gtu_expand_ratio", 0),
-    ],
-)
-def test_bad_values_raise_naming_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
-        TnnConfig(**{field: value})
+HEADS = [(TnnModel, True), (TnnForCausalLM, True), (TnnForMaskedLM, False), (TnnForSequenceClassification, False),
+         (TnnForTokenClassification, False), (TnnForQuestionAnswering, False)]
 
 
-def test_token_mixer_error_lists_allowed_values():
-    with pytest.raises(ValueError, match="dense.*fd.*ski"):
-        TnnConfig(token_mixer="attention")
-
-
-@pytest.mark.parametrize("cls, expected", [(TnnModel, True), (TnnForCausalLM, True), (TnnForMaskedLM, False),
-                                           (TnnForSequenceClassification, False)])
+@pytest.mark.parametrize("cls, expected", HEADS)
 def test_causal_none_is_resolved_by_the_class_and_saved(cls, expected, tmp_path):
     config = tiny_config()
     assert config.causal is None
     model = cls(config)
-    assert model.config.causal is expected
-    assert config.causal is None  # the caller's config is not mutated
+    assert model.config is config  # the model holds the caller's config, the direction resolved in place
+    assert config.causal is expected
     model.save_pretrained(tmp_path)
     assert TnnConfig.from_pretrained(tmp_path).causal is expected
 
@@ -68,14 +44,17 @@ def test_head_contradicting_causal_raises(cls, causal):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_classification_accepts_both_directions(causal):
-    assert TnnForSequenceClassification(tiny_config(causal=causal)).config.causal is causal
+    config = tiny_config(causal=causal)
+    model = TnnForSequenceClassification(config)
+    assert model.config is config and model.model.config is config and config.causal is causal
 
 
-def test_causal_ski_is_refused_with_advice():
-    with pytest.raises(ValueError, match="token_mixer.*fd.*dense"):
-        TnnConfig(token_mixer="ski", causal=True)
-    with pytest.raises(ValueError, match="'fd' or 'dense'"):
-        TnnForCausalLM(tiny_config(token_mixer="ski"))
+def test_a_resolved_config_keeps_its_direction():
+    # The direction is resolved on the config itself: a second head of the other direction is refused, saying why.
+    config = tiny_config()
+    TnnForCausalLM(config)
+    with pytest.raises(ValueError, match="causal=True contradicts TnnForMaskedLM.*sets it on the config"):
+        TnnForMaskedLM(config)
 
 
 def test_presets_and_overrides():
@@ -122,7 +101,7 @@ def test_preset_parameter_counts_match_their_descriptions(preset, cls, total):
     import json
     import torch
 
-    from modeling_tnn.presets import _preset_dir
+    from modeling_tnn.preset_loading import _preset_dir
 
     with torch.device("meta"):
         model = cls(load_preset(preset))
@@ -153,18 +132,39 @@ def saved_lm(tmp_path_factory):
     return folder
 
 
-# (field, bad value, message fragment): the message names the field and the allowed values.
+# (field, bad value, message): every field with a rule beyond its type; the message names the field and what it allows.
+# The values have the type of the saved value, so that update_from_string parses them as given.
 BAD_FIELDS = [
-    ("decay_gamma", 2.0, r"TnnConfig.decay_gamma must lie in \(0, 1\], got 2.0"),
+    ("vocab_size", 0, r"TnnConfig.vocab_size must be a positive integer, got 0"),
     ("hidden_size", -5, r"TnnConfig.hidden_size must be a positive integer, got -5"),
+    ("num_hidden_layers", 0, r"TnnConfig.num_hidden_layers must be a positive integer, got 0"),
+    ("gtu_expand_ratio", 0, r"TnnConfig.gtu_expand_ratio must be a positive finite number, got 0"),
+    ("glu_expand_ratio", -1, r"TnnConfig.glu_expand_ratio must be a positive finite number, got -1"),
+    ("rpe_dim", 0, r"TnnConfig.rpe_dim must be a positive integer, got 0"),
+    ("rpe_layers", -1, r"TnnConfig.rpe_layers must be a non-negative integer, got -1"),
+    ("decay_gamma", 2.0, r"TnnConfig.decay_gamma must lie in \(0, 1\], got 2.0"),
+    ("ski_rank", 1, r"TnnConfig.ski_rank must be an integer of at least 2 \(inducing points\), got 1"),
+    ("ski_kernel_size", 4, r"TnnConfig.ski_kernel_size must be a positive odd integer \(a centred band\), got 4"),
+    ("fd_kernel_length", 0, r"TnnConfig.fd_kernel_length must be a positive integer, got 0"),
+    ("etsc_length", -3, r"TnnConfig.etsc_length must be a positive integer, got -3"),
     ("dropout", 1.0, r"TnnConfig.dropout must lie in \[0, 1\), got 1.0"),
+    ("initializer_range", -1.0, r"TnnConfig.initializer_range must be a non-negative finite number, got -1.0"),
     ("generation_cache", "bogus", r"TnnConfig.generation_cache must be one of \(.*'etsc', 'exact'\), got 'bogus'"),
-    ("token_mixer", "attention", r"TnnConfig.token_mixer must be one of \('dense', 'fd', 'ski'\)"),
+    ("token_mixer", "attention",
+     r"TnnConfig.token_mixer must be one of \('dense', 'fd', 'ski'\), got 'attention'"),
     ("norm_placement", "middle", r"TnnConfig.norm_placement must be one of \('pre', 'post'\), got 'middle'"),
     ("final_norm", "rmsnorm",
      r"TnnConfig.final_norm must be one of \('layernorm', 'simplermsnorm', 'none'\), got 'rmsnorm'"),
     ("classifier_pooling", "cls",
      r"TnnConfig.classifier_pooling must be one of \('auto', 'mean', 'last'\), got 'cls'"),
+]
+# (field, value of the wrong type, what the message says is allowed): update_from_string cannot express these (it
+# converts its text to the saved value's type), every other path can.
+WRONG_TYPES = [
+    ("dropout", True, "an int or a float"), ("hidden_size", 2.0, "an int"), ("causal", 1, "a bool or None"),
+    ("embedding_layer_norm", "yes", "a bool"), ("scale_embeddings", 1, "a bool"),
+    ("fft_recompute", "auto", "a bool or None"), ("norm_placement", None, r"one of \('pre', 'post'\)"),
+    ("final_norm", ["none"], r"one of \('layernorm', 'simplermsnorm', 'none'\)"),
 ]
 
 
@@ -209,25 +209,61 @@ PATHS = {
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("field, value, message", BAD_FIELDS, ids=[f"{f}={v}" for f, v, _ in BAD_FIELDS])
 def test_every_config_path_validates(saved_lm, path, field, value, message):
-    if path == "update_from_string" and field == "hidden_size":
-        value = -5  # update_from_string parses "hidden_size=-5" as an int
     with pytest.raises(ValueError, match=message):
         PATHS[path](saved_lm, **{field: value})
 
 
-@pytest.mark.parametrize("field, value", [("dropout", True), ("decay_gamma", float("nan")),
-                                          ("gtu_expand_ratio", float("nan")), ("glu_expand_ratio", float("inf")),
-                                          ("dropout", -0.1), ("initializer_range", -1.0), ("causal", 1),
-                                          ("hidden_size", 2.0), ("rpe_layers", -1),
-                                          ("embedding_layer_norm", "yes"), ("scale_embeddings", 1),
-                                          ("norm_placement", None), ("final_norm", ["none"]),
-                                          ("fft_recompute", "auto"), ("fft_recompute", 1)])
-def test_odd_values_are_refused_naming_the_field(field, value):
+@pytest.mark.parametrize("path", [path for path in PATHS if path != "update_from_string"])
+@pytest.mark.parametrize("field, value, allowed", WRONG_TYPES, ids=[f"{f}={v!r}" for f, v, _ in WRONG_TYPES])
+def test_every_config_path_refuses_a_wrong_type(saved_lm, path, field, value, allowed):
+    with pytest.raises(ValueError, match=rf"TnnConfig.{field} must be {allowed}, got {re.escape(repr(value))}\."):
+        PATHS[path](saved_lm, **{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("decay_gamma", float("nan")), ("gtu_expand_ratio", float("nan")),
+                                          ("glu_expand_ratio", float("inf")), ("initializer_range", float("inf")),
+                                          ("dropout", -0.1), ("gtu_expand_ratio", 0.001)])
+def test_non_finite_and_too_small_numbers_are_refused(field, value):
+    # gtu_expand_ratio=0.001 is positive, but 0.001 * hidden_size (512) rounds down to no channel at all.
     with pytest.raises(ValueError, match=f"TnnConfig.{field} must"):
         TnnConfig(**{field: value})
     config = TnnConfig()
     with pytest.raises(ValueError, match=f"TnnConfig.{field} must"):
         setattr(config, field, value)
+
+
+CAUSAL_SKI_ROUTES = {
+    "TnnConfig": lambda folder: TnnConfig(token_mixer="ski", causal=True),
+    "from_pretrained-kwargs": lambda folder: TnnConfig.from_pretrained(folder, token_mixer="ski"),  # a causal save
+    "from_dict-dict": lambda folder: TnnConfig.from_dict({**tiny_config().to_dict(), "token_mixer": "ski",
+                                                          "causal": True}),
+    "setattr": lambda folder: setattr(TnnConfig.from_pretrained(folder), "token_mixer", "ski"),
+    "update": lambda folder: TnnConfig.from_pretrained(folder).update({"token_mixer": "ski"}),
+    "update_from_string": lambda folder: TnnConfig.from_pretrained(folder).update_from_string("token_mixer=ski"),
+    "TnnForCausalLM": lambda folder: TnnForCausalLM(tiny_config("ski")),
+    "TnnModel": lambda folder: TnnModel(tiny_config("ski")),  # causal by default
+    "AutoModelForCausalLM.from_pretrained": lambda folder: _from_pretrained_model(folder, token_mixer="ski"),
+}
+
+
+@pytest.mark.parametrize("route", CAUSAL_SKI_ROUTES)
+def test_causal_ski_is_refused_in_one_place(saved_lm, route):
+    """Every route to a causal SKI model ends in TnnConfig.validate_causal_token_mixer, with its advice."""
+    with pytest.raises(ValueError, match="token_mixer='ski' is bidirectional only.*use token_mixer='fd' or 'dense'") \
+            as refusal:
+        CAUSAL_SKI_ROUTES[route](saved_lm)
+    origin = refusal.value
+    while origin.__cause__ is not None:
+        origin = origin.__cause__
+    assert traceback.extract_tb(origin.__traceback__)[-1].name == "validate_causal_token_mixer"
+
+
+def test_a_head_refused_for_causal_ski_leaves_the_config_as_it_was():
+    config = tiny_config("ski")
+    with pytest.raises(ValueError, match="bidirectional only"):
+        TnnForCausalLM(config)
+    assert config.causal is None
+    assert TnnForMaskedLM(config).config.causal is False
 
 
 def test_a_refused_assignment_or_update_leaves_the_config_unchanged():

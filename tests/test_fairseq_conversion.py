@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
 from modeling_tnn import TnnForCausalLM
-from modeling_tnn.recipes.fairseq_checkpoint import build_config
-from modeling_tnn.recipes.fairseq_conversion import convert_fairseq_checkpoint
+from modeling_tnn.recipes.fairseq.checkpoint import build_config
+from modeling_tnn.recipes.fairseq.conversion import convert_fairseq_checkpoint
 
 from conftest import PROJECT_ROOT
 from remote_code import BLOCK_PACKAGE_PREAMBLE

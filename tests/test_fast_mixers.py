@@ -133,11 +133,6 @@ def test_ski_band_gradients(batch, n, kernel_size):
     assert torch.autograd.gradcheck(lambda a, _: mixer.band_conv(a), (x, mixer.band), fast_mode=True)
 
 
-def test_ski_refuses_causal():
-    with pytest.raises(ValueError, match="fd.*dense"):
-        SkiTno(tiny_config("dense", causal=True), 4)  # a causal config reaching the mixer directly
-
-
 def test_ski_mixer_is_band_plus_low_rank_with_exact_gradients():
     """The fused forward/backward of the whole mixer against autograd through its two parts, with padding."""
     mixer = SkiTno(tiny_config("ski", causal=False, ski_rank=5, ski_kernel_size=5), channels=3).double()

@@ -14,15 +14,14 @@ from conftest import tiny_config
 from transformers import EvalPrediction
 
 from modeling_tnn import TnnForMaskedLM
-from modeling_tnn.recipes import (
-    data_files,
-    flag_checks,
-    glue_finetuning,
-    glue_metrics,
-    glue_suite,
-    glue_tasks,
-    hub_upload,
-)
+from modeling_tnn.recipes.common import flag_checks
+from modeling_tnn.recipes.common.run_files import BenchmarkRecord
+from modeling_tnn.recipes.glue import data_files
+from modeling_tnn.recipes.glue import finetuning as glue_finetuning
+from modeling_tnn.recipes.glue import metrics as glue_metrics
+from modeling_tnn.recipes.glue import suite as glue_suite
+from modeling_tnn.recipes.glue import tasks as glue_tasks
+from modeling_tnn.recipes.hub import upload as hub_upload
 
 # ----------------------------------------------------------------------------------------------------------------
 # Small tsv files in the official GLUE layout, written by hand (independently of glue_data's task table).
@@ -300,13 +299,14 @@ def test_finetune_from_checkpoint_regression_and_mnli(tmp_path, tiny_mlm_checkpo
     config = json.loads((out / "config.json").read_text())
     assert config["problem_type"] == ("regression" if task == "stsb" else "single_label_classification")
     assert config["causal"] is False and config["finetuning_task"] == task
+    assert json.loads((out / "benchmark.json").read_text())["config"] == task  # what publishing reads
     card = (out / "README.md").read_text()
     assert f"GLUE {task.upper()} dev results" in card and "local checkpoint `mlm`" in card
     assert "| eval_accuracy_mm |" in card if task == "mnli" else "| eval_pearson |" in card
 
 
 def test_finetune_sst2_beats_majority_baseline(tmp_path, shared_data, one_thread):
-    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     glue_dir = shared_data / "glue"
     train = glue_tasks.read_glue_tsv("sst2", glue_dir / "SST-2" / "train.tsv")
@@ -539,6 +539,19 @@ def test_files_regression_and_sentence_pairs(tmp_path, tiny_mlm_checkpoint, one_
     assert json.loads((out / "config.json").read_text())["problem_type"] == "regression"
     data = data_files.load_data_files({"train": train})
     assert data.file_columns == ("sentence1", "sentence2") and data.label_names is None
+
+
+def test_benchmark_record_of_a_glue_task(tmp_path):
+    """The record a GLUE run leaves for its model card (the Hub code reads it instead of importing the task table):
+    the task's metrics on each dev set, MNLI-mm's keys suffixed as run_glue.py does, and a lossless JSON file."""
+    mnli = glue_tasks.get_task("mnli").benchmark_record()
+    assert [(s.key, s.metric, s.split) for s in mnli.scores] == [
+        ("eval_accuracy", "accuracy", "validation_matched"), ("eval_accuracy_mm", "accuracy", "validation_mismatched")]
+    assert (mnli.dataset, mnli.config, mnli.name, mnli.text_pair) == ("nyu-mll/glue", "mnli", "GLUE MNLI", True)
+    stsb = glue_tasks.get_task("stsb").benchmark_record()
+    assert [s.key for s in stsb.scores] == ["eval_pearson", "eval_spearmanr", "eval_combined_score"]
+    assert not glue_tasks.get_task("sst2").benchmark_record().text_pair
+    assert BenchmarkRecord.from_dict(json.loads(mnli.write(tmp_path).read_text())) == mnli
 
 
 def test_files_with_a_glue_task(tmp_path, tiny_mlm_checkpoint, one_thread):

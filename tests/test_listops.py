@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from modeling_tnn import load_preset
-from modeling_tnn.recipes.listops_data import (
+from modeling_tnn.recipes.listops.data import (
     HEADER,
     ListOpsDataError,
     apply_operator,
@@ -29,7 +29,7 @@ from modeling_tnn.recipes.listops_data import (
     tree_to_string,
     write_tsv,
 )
-from modeling_tnn.recipes.listops_training import (
+from modeling_tnn.recipes.listops.training import (
     ListOpsArguments,
     bert_parameter_count,
     build_model,

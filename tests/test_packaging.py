@@ -15,6 +15,7 @@ from conftest import PROJECT_ROOT
 # Distribution name -> import name, where they differ.
 IMPORT_NAMES = {"scikit-learn": "sklearn", "huggingface-hub": "huggingface_hub"}
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+DOC_PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 
 
 def _pyproject() -> dict:
@@ -67,13 +68,21 @@ def test_readme_install_steps():
     assert "source .venv/bin/activate" in readme  # without it `python run_scripts/...` finds no torch
     assert f"pip install torch --index-url {CPU_INDEX}" in readme and "pip install -e ." in readme
     assert "TORCH_INDEX_URL" in readme
-    # $TNN_DATA_DIR is set before the first snippet that reads it.
-    first_use = readme.index("$TNN_DATA_DIR")
-    assert "export TNN_DATA_DIR=" in readme[:first_use]
+    # The light install and the one the recipes need.
+    assert "pip install modeling-tnn" in readme and 'pip install "modeling-tnn[train]"' in readme
+
+
+def test_data_dir_is_exported_before_a_page_reads_it():
+    texts = {page.relative_to(PROJECT_ROOT): page.read_text() for page in DOC_PAGES}
+    readers = {page: text for page, text in texts.items() if "$TNN_DATA_DIR" in text}
+    assert readers  # the GLUE commands read it
+    late = [str(page) for page, text in readers.items() if "export TNN_DATA_DIR=" not in text[:text.index("$TNN_DATA_DIR")]]
+    assert not late, f"$TNN_DATA_DIR read before it is exported in {late}"
 
 
 def test_small_preset_states_its_parameter_count():
-    """The `small` preset's description and the README table give its causal-LM size with its own vocabulary."""
+    """The `small` preset's description and the presets table of docs/models.md give its causal-LM size with its own
+    vocabulary."""
     import json
 
     from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, load_preset
@@ -82,5 +91,6 @@ def test_small_preset_states_its_parameter_count():
     masked = sum(p.numel() for p in TnnForMaskedLM(load_preset("small")).parameters() if p.requires_grad)
     description = json.loads((PROJECT_ROOT / "configuration" / "small.json").read_text())["_description"]
     assert f"{causal:,} parameters as a causal LM" in description
-    row = next(line for line in (PROJECT_ROOT / "README.md").read_text().splitlines() if line.startswith("| `small` |"))
+    presets_table = (PROJECT_ROOT / "docs" / "models.md").read_text()
+    row = next(line for line in presets_table.splitlines() if line.startswith("| `small` |"))
     assert f"{causal:,} (causal LM" in row and f"{masked:,} as a masked LM" in row

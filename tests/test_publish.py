@@ -28,7 +28,11 @@ from remote_code import BLOCK_PACKAGE_PREAMBLE
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification
 from modeling_tnn.modeling_tnn import AUTO_MAP
-from modeling_tnn.recipes import hub_folder, model_card, publish_command, run_inspection
+from modeling_tnn.recipes.glue import tasks as glue_tasks
+from modeling_tnn.recipes.hub import command as publish_command
+from modeling_tnn.recipes.hub import folder as hub_folder
+from modeling_tnn.recipes.hub import model_card
+from modeling_tnn.recipes.hub import run_inspection
 
 FAKE_TOKEN = "hf_FakeTokenThatMustNeverBePrinted0123456789"
 REPOS = {"clm": "tnn-test/tiny-clm", "mlm": "tnn-test/tiny-mlm-fd", "rte": "tnn-test/tiny-rte-ski"}
@@ -110,6 +114,7 @@ def runs(tmp_path_factory, tokenizer):
     _write_json(rte / "eval_results.json", eval_results)
     _write_json(rte / "train_results.json", train_results)
     _write_json(rte / "all_results.json", {**train_results, **eval_results})
+    glue_tasks.get_task("rte").benchmark_record().write(rte)  # as finetune_glue.py --task_name rte leaves it
     _write_json(rte / "trainer_state.json", {"global_step": 60, "train_batch_size": 32, "log_history": [
         {"step": 20, "loss": 0.71}, {"step": 40, "loss": 0.70}, {"step": 60, "loss": 0.69}]})
     (rte / "training_args.bin").write_bytes(b"pickled arguments")

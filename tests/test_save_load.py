@@ -155,7 +155,7 @@ def test_a_saved_folder_holds_the_model_code_alone(tmp_path):
     closure = {Path(f).name for root in ("modeling_tnn.py", "configuration_tnn.py")
                for f in [package / root, *get_relative_import_files(str(package / root))]}
     assert saved == closure
-    recipes = {p.name for p in (package / "recipes").glob("*.py")}
-    assert not saved & recipes and "corpus.py" not in saved and "presets.py" not in saved
+    recipes = {p.name for p in (package / "recipes").rglob("*.py")}
+    assert not saved & recipes and "corpus.py" not in saved and "preset_loading.py" not in saved
     for name in saved:
         assert "recipes" not in (package / name).read_text(), f"{name} mentions the recipes"

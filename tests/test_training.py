@@ -16,16 +16,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modeling_tnn.recipes import (
-    checkpoints,
-    cpu_launch,
-    hub_folder,
-    hub_upload,
-    lm_arguments,
-    lm_evaluation,
-    lm_setup,
-    lm_training,
-)
+from modeling_tnn.recipes.hub import folder as hub_folder
+from modeling_tnn.recipes.hub import upload as hub_upload
+from modeling_tnn.recipes.pretraining import arguments as lm_arguments
+from modeling_tnn.recipes.pretraining import checkpoints
+from modeling_tnn.recipes.pretraining import cpu_launch
+from modeling_tnn.recipes.pretraining import evaluation as lm_evaluation
+from modeling_tnn.recipes.pretraining import setup as lm_setup
+from modeling_tnn.recipes.pretraining import training as lm_training
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = PROJECT_ROOT / "run_scripts"
@@ -39,7 +37,7 @@ TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "-
 @pytest.fixture(scope="module")
 def text_files(tmp_path_factory) -> tuple[Path, Path]:
     """A small local train/validation pair of text files (from the embedded corpus)."""
-    from modeling_tnn.recipes.corpus import embedded_corpus
+    from modeling_tnn.recipes.pretraining.corpus import embedded_corpus
 
     docs = embedded_corpus()
     folder = tmp_path_factory.mktemp("text")
@@ -308,5 +306,5 @@ def test_progress_lines_are_logged_at_info(tmp_path, caplog):
     caplog.handler.setLevel(logging.INFO)  # capture INFO; the loggers' own levels stay as setup() leaves them
     run("clm", TINY + ["--max_train_steps", "2", "--checkpointing_steps", "2", "--output_dir", str(tmp_path)])
     messages = {record.name: record.getMessage() for record in caplog.records if record.levelno == logging.INFO}
-    assert "parameters" in messages["modeling_tnn.recipes.lm_setup"]
-    assert messages["modeling_tnn.recipes.lm_training"].startswith("Saved checkpoint")
+    assert "parameters" in messages["modeling_tnn.recipes.pretraining.setup"]
+    assert messages["modeling_tnn.recipes.pretraining.training"].startswith("Saved checkpoint")

@@ -23,17 +23,15 @@ SCRIPTS = PROJECT_ROOT / "run_scripts"
 
 from remote_code import BLOCK_PACKAGE_PREAMBLE  # noqa: E402
 
-from modeling_tnn.recipes import (
-    checkpoints,
-    lm_arguments,
-    lm_data,
-    lm_evaluation,
-    lm_generation,
-    lm_setup,
-    lm_training,
-    stop_signals,
-    tracking,
-)
+from modeling_tnn.recipes.pretraining import arguments as lm_arguments
+from modeling_tnn.recipes.pretraining import checkpoints
+from modeling_tnn.recipes.pretraining import data as lm_data
+from modeling_tnn.recipes.pretraining import evaluation as lm_evaluation
+from modeling_tnn.recipes.pretraining import generation as lm_generation
+from modeling_tnn.recipes.pretraining import setup as lm_setup
+from modeling_tnn.recipes.pretraining import stop_signals
+from modeling_tnn.recipes.pretraining import tracking
+from modeling_tnn.recipes.pretraining import training as lm_training
 
 TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
         "--max_eval_samples", "4", "--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "4"]
@@ -42,7 +40,7 @@ TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> list[str]:
     """--train_file/--validation_file flags of a small local text pair (a few dozen 16-token blocks)."""
-    from modeling_tnn.recipes.corpus import embedded_corpus
+    from modeling_tnn.recipes.pretraining.corpus import embedded_corpus
 
     docs = embedded_corpus()
     folder = tmp_path_factory.mktemp("text")
@@ -106,7 +104,7 @@ def test_output_dir_holding_a_run_is_refused_unless_overwritten(tmp_path, finish
 
 
 def test_resume_refuses_a_checkpoint_of_another_run_naming_every_field(tmp_path, finished_run, data, capsys):
-    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     step = finished_run / "step_1"
     # another token mixer and width, another batch size: the issue's FD run resuming the dense run's checkpoint
@@ -317,7 +315,7 @@ def test_time_generation_reports_cached_and_full_recompute(finished_run):
 # Saved tokenizers load with plain AutoTokenizer where modeling_tnn is blocked
 # ----------------------------------------------------------------------------------------------------------------
 def test_saved_tokenizers_load_without_the_package_and_without_a_prompt(tmp_path, finished_run):
-    from modeling_tnn.recipes.tokenizer_training import train_byte_level_bpe
+    from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     alone = tmp_path / "tokenizer"  # what tokenizer_training, glue_recipe and bench_quality write
     own = train_byte_level_bpe(["a tokenizer folder on its own"] * 20, vocab_size=270)

@@ -1,0 +1,287 @@
+"""Everything before the first training step of ``train_clm.py`` / ``train_mlm.py``: flags checked, data, tokenizer,
+model, optimizer, schedule and Accelerate prepared, a checkpoint verified and restored."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from datasets import DatasetDict
+from torch.utils.data import DataLoader
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    PreTrainedTokenizerBase,
+    default_data_collator,
+    get_scheduler,
+)
+
+from modeling_tnn import list_presets, load_preset
+
+from ..common.flag_checks import UsageError, first_line, hub_hint, name_list
+from ..common.run_files import METRICS_FILE, TRAINER_STATE
+from .arguments import DEFAULT_CONFIG, check_args, parse_config_overrides
+from .checkpoints import (
+    checkpoint_differences,
+    clear_previous_run,
+    model_fingerprint,
+    tokenizer_fingerprint,
+)
+from .data import (
+    EpochShuffleSampler,
+    data_source,
+    get_tokenizer,
+    is_text_feature,
+    load_raw_datasets,
+    text_column_of,
+    tokenize_and_group,
+)
+from .evaluation import InputBuilder, position_limit
+from .tracking import MetricsLog, available_trackers, silence_tied_weight_warning
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_config(args: argparse.Namespace):
+    """The model config from --model_name_or_path, or --config_name (preset name, JSON file, folder) with
+    --config_overrides. Raises :class:`UsageError` for a missing file, an unknown preset or an unknown field."""
+    if args.model_name_or_path:  # a saved folder, or a Hub id for users online
+        try:
+            return AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--model_name_or_path {args.model_name_or_path!r}: {hub_hint(args.model_name_or_path)}"
+                             f"{first_line(error)}") from None
+    name = args.config_name or DEFAULT_CONFIG
+    overrides = parse_config_overrides(args.config_overrides)
+    path = Path(name)
+    looks_like_path = path.suffix == ".json" or os.sep in name or path.exists()
+    if looks_like_path:
+        if not path.exists():
+            raise UsageError(f"--config_name {name!r} does not exist.")
+        config_file = path / "config.json" if path.is_dir() else path
+        if not config_file.is_file():
+            raise UsageError(f"--config_name {name!r} is a folder without config.json.")
+        try:
+            model_type = json.loads(config_file.read_text()).get("model_type", "tnn")
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--config_name {name!r} is not valid JSON: {error}.") from None
+        if model_type != "tnn":  # any other transformers architecture (the quality benchmark's GPT-2)
+            config = AutoConfig.from_pretrained(str(config_file), trust_remote_code=args.trust_remote_code)
+            known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+            unknown = sorted(set(overrides) - known)
+            if unknown:
+                raise UsageError(f"--config_overrides: unknown {type(config).__name__} field(s) {unknown}.")
+            for key, value in overrides.items():
+                setattr(config, key, value)
+            return config
+    elif name not in list_presets():
+        raise UsageError(f"--config_name {name!r} is not a preset ({', '.join(list_presets())}), a JSON file or a "
+                         "folder.")
+    try:
+        return load_preset(name, **overrides)
+    except ValueError as error:
+        raise UsageError(f"--config_name/--config_overrides: {error}") from None
+
+
+def build_model(args: argparse.Namespace, config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    """A new model from ``config`` sized to the tokenizer, or the --model_name_or_path model."""
+    auto = AutoModelForCausalLM if args.task == "clm" else AutoModelForMaskedLM
+    if args.model_name_or_path:
+        model = auto.from_pretrained(args.model_name_or_path, config=config, trust_remote_code=args.trust_remote_code)
+        if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+            model.resize_token_embeddings(len(tokenizer))
+        return model
+    if "vocab_size" in parse_config_overrides(args.config_overrides):
+        if config.vocab_size < len(tokenizer):
+            raise UsageError(f"--config_overrides vocab_size={config.vocab_size} is smaller than the tokenizer "
+                             f"({len(tokenizer)} tokens).")
+    else:
+        config.vocab_size = len(tokenizer)
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if getattr(tokenizer, name, None) is not None:
+            setattr(config, name, getattr(tokenizer, name))
+    if args.task == "mlm" and tokenizer.mask_token is None:
+        raise UsageError("train_mlm needs a tokenizer with a mask token; --tokenizer_name has none.")
+    try:
+        return auto.from_config(config, trust_remote_code=args.trust_remote_code)
+    except ValueError as error:  # e.g. causal=false for a causal LM: name the flags that set it
+        raise UsageError(f"--config_name/--config_overrides: {error}") from None
+
+
+def optimizer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay on matrices only (not on biases and norm weights, as HF's scripts)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@dataclass
+class Session:
+    """Everything :func:`setup` prepared for :func:`train`."""
+
+    args: argparse.Namespace
+    accelerator: Accelerator
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_dataloader: DataLoader
+    eval_dataloader: DataLoader
+    build_inputs: InputBuilder
+    metrics: MetricsLog
+    eval_stream: torch.Tensor | None
+    max_train_steps: int
+    steps_per_epoch: int
+    num_train_epochs: int
+    train_blocks: int
+    completed_steps: int = 0
+    tokens_seen: int = 0
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # model config and tokenizer, see run_fingerprint
+
+
+@dataclass
+class RunOutcome:
+    """What :func:`run` returns: ``results`` (as written to all_results.json), the trained (unwrapped) model, the
+    tokenizer, and the validation token stream when --eval_lengths was given."""
+
+    results: dict[str, Any]
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    eval_stream: torch.Tensor | None = None
+    samples: list[str] = field(default_factory=list)
+
+
+def _reset_single_process_state() -> None:
+    # Accelerate keeps process-wide singletons; tests and the benchmark run several trainings in one process.
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None = None) -> Session:
+    """Validate the flags, load data, build tokenizer, model, optimizer and schedule, restore a checkpoint. Every
+    input error raises ``ValueError`` (:class:`UsageError`) here, before any training step."""
+    args.task = task
+    check_args(args)
+    config = resolve_config(args)
+    trackers = available_trackers(args.report_to)
+    _reset_single_process_state()
+    # Several processes and no accelerator device: without cpu=True Accelerate would run them as independent jobs.
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    has_device = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    accelerator = Accelerator(cpu=world_size > 1 and not has_device,
+                              gradient_accumulation_steps=args.gradient_accumulation_steps,
+                              mixed_precision=args.mixed_precision, log_with=trackers or None,
+                              project_dir=args.output_dir)
+    # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)
+    logging.getLogger(__package__).setLevel(logging.INFO if accelerator.is_main_process else logging.ERROR)
+    set_seed(args.seed, device_specific=True)  # dropout differs across processes; DDP broadcasts rank 0's init
+    silence_tied_weight_warning()
+    output_dir = Path(args.output_dir)
+    if accelerator.is_main_process:
+        if args.overwrite_output_dir and not args.resume_path:
+            deleted = clear_previous_run(output_dir)
+            if deleted:
+                logger.info("--overwrite_output_dir: deleted %s from %s", name_list(deleted, 8), output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if not args.resume_path:  # a new run starts a new log; a resumed one appends
+            (output_dir / METRICS_FILE).unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
+
+    with accelerator.main_process_first():
+        raw = raw_datasets if raw_datasets is not None else load_raw_datasets(args)
+    for split in ("train", "validation"):
+        if split not in raw:
+            raise UsageError(f"The dataset has no {split!r} split (splits: {list(raw)}).")
+    for split in ("train", "validation"):
+        if len(raw[split]) == 0:
+            raise UsageError(f"{data_source(args, split)} has no rows.")
+    text_column = text_column_of(raw["train"], args.text_column, data_source(args, "train"))
+    if text_column not in raw["validation"].column_names or not is_text_feature(
+            raw["validation"].features[text_column]):
+        text_column_of(raw["validation"], text_column, data_source(args, "validation"))  # raises, naming the file
+    tokenizer = get_tokenizer(args, raw, accelerator, text_column)
+    data, stream = tokenize_and_group(args, raw, tokenizer, accelerator, text_column)
+    model = build_model(args, config, tokenizer)
+    silence_tied_weight_warning(model)
+    limit = position_limit(model)
+    if limit is not None and args.block_size > limit:
+        raise UsageError(f"--block_size {args.block_size} exceeds the model's position table ({limit}).")
+    if accelerator.is_main_process:
+        logger.info("%s: %.2fM parameters, %d training blocks of %d tokens, %d validation blocks",
+                    type(model).__name__, model.num_parameters() / 1e6, len(data["train"]), args.block_size,
+                    len(data["validation"]))
+
+    # Each DataLoader iterator draws a base seed from its generator, by default the global RNG: a private generator
+    # keeps the iterator a resumed run creates mid-epoch from shifting the dropout/masking RNG.
+    train_dataloader = DataLoader(data["train"], sampler=EpochShuffleSampler(len(data["train"]), args.seed),
+                                  batch_size=args.per_device_train_batch_size, collate_fn=default_data_collator,
+                                  generator=torch.Generator().manual_seed(args.seed))
+    eval_dataloader = DataLoader(data["validation"], batch_size=args.per_device_eval_batch_size,
+                                 collate_fn=default_data_collator, generator=torch.Generator().manual_seed(args.seed))
+    optimizer = torch.optim.AdamW(optimizer_groups(model, args.weight_decay), lr=args.learning_rate)
+    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader)
+    steps_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
+    max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+    num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
+    # Accelerate's prepared scheduler steps once per process at each optimizer step (HF's scripts scale likewise).
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer=optimizer,
+                              num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+                              num_training_steps=max_train_steps * accelerator.num_processes)
+    scheduler = accelerator.prepare(scheduler)
+    if trackers:
+        hparams = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        accelerator.init_trackers(f"train_{task}", config=hparams)
+
+    session = Session(args=args, accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                      scheduler=scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
+                      build_inputs=InputBuilder(task, tokenizer, getattr(args, "mlm_probability", None)),
+                      metrics=MetricsLog(accelerator, output_dir, bool(trackers)), eval_stream=stream,
+                      max_train_steps=max_train_steps, steps_per_epoch=steps_per_epoch,
+                      num_train_epochs=num_train_epochs, train_blocks=len(data["train"]),
+                      fingerprint={"model_config": model_fingerprint(accelerator.unwrap_model(model)),
+                                   "tokenizer": tokenizer_fingerprint(tokenizer)})
+    if args.resume_path:
+        _restore(session, Path(args.resume_path))
+    return session
+
+
+def run_geometry(session: Session) -> dict[str, int]:
+    args = session.args
+    return {"train_blocks": session.train_blocks, "block_size": args.block_size,
+            "per_device_train_batch_size": args.per_device_train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "num_processes": session.accelerator.num_processes, "seed": args.seed}
+
+
+def _restore(session: Session, path: Path) -> None:
+    """Check that the checkpoint belongs to this run (model config, tokenizer, data geometry), then load it.
+    Raises :class:`UsageError` naming every differing field, before anything is loaded."""
+    state = json.loads((path / TRAINER_STATE).read_text())
+    differences = checkpoint_differences(state, {**session.fingerprint, "geometry": run_geometry(session)})
+    if differences:
+        raise UsageError(f"--resume_from_checkpoint {str(path)!r} was written by another run (checkpoint -> this "
+                         f"run): {'; '.join(differences)}. Resume with that run's flags, or start a new run with "
+                         "--overwrite_output_dir or another --output_dir.")
+    if "model_config" not in state:
+        logger.warning("%s predates the model config and tokenizer records: only its data geometry was checked.",
+                       path)
+    session.accelerator.load_state(str(path))
+    session.completed_steps = state["completed_steps"]
+    session.tokens_seen = state.get("tokens_seen", 0)
+    logger.info("Resumed from %s at step %d.", path, session.completed_steps)
