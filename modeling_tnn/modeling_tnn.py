@@ -98,6 +98,31 @@ class Glu(nn.Module):
 _SPLIT_PROJECTIONS = {"gtu.uv_proj": ("gtu.u_proj", "gtu.v_proj"), "glu.gate_up_proj": ("glu.gate_proj", "glu.up_proj")}
 
 
+def split_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` with each fused projection (``uv_proj``, ``gate_up_proj``) as its two halves under the split
+    names: the layout ``save_pretrained`` writes and earlier versions of this model used."""
+    out = {}
+    for key, value in state_dict.items():
+        fused = next((f for f in _SPLIT_PROJECTIONS if f".{f}." in f".{key}"), None)
+        if fused is None:
+            out[key] = value
+            continue
+        for name, half in zip(_SPLIT_PROJECTIONS[fused], value.chunk(2, dim=0)):
+            out[key.replace(fused, name)] = half
+    return out
+
+
+def fuse_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`split_projections`: each pair of split projection tensors concatenated into the fused
+    one (tensors of other names, and already fused ones, unchanged)."""
+    out = dict(state_dict)
+    for fused, (first, second) in _SPLIT_PROJECTIONS.items():
+        for key in [k for k in out if f".{first}." in f".{k}"]:
+            partner = key.replace(first, second)
+            out[key.replace(first, fused)] = torch.cat([out.pop(key), out.pop(partner)], dim=0)
+    return out
+
+
 def _register_split_projection_loading() -> None:
     """Register, for ``model_type="tnn"``, the conversion of split projection weights and biases into the fused
     Linears (transformers' dynamic weight loading: a ``WeightConverter`` with ``Concatenate(dim=0)``, reversed by
