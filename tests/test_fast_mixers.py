@@ -165,3 +165,15 @@ def test_ski_shared_inducing_kernel_gradients_equal_per_row():
     for index, value in enumerate(together):
         torch.testing.assert_close(value, sum(row[index] for row in rows), atol=1e-10, rtol=1e-8)
     assert torch.autograd.gradcheck(lambda a: mixer(a), (x,), fast_mode=True)
+
+
+@pytest.mark.parametrize(("batch", "n", "kernel_size"), [(3, 40, 5), (2, 3, 7), (1, 200, 17)])
+def test_ski_band_weight_gradient_by_offset_equals_the_blocked_loop(batch, n, kernel_size):
+    """The accelerator form of the band's weight gradient (one product per offset over the whole batch) against the
+    CPU's cache-blocked loop."""
+    from modeling_tnn.tno_ski import _band_weight_grad, _band_weight_grad_by_offset
+
+    x = torch.randn(batch, n, 6, dtype=torch.float64)
+    grad = torch.randn(batch, n, 6, dtype=torch.float64)
+    torch.testing.assert_close(_band_weight_grad_by_offset(grad, x, kernel_size),
+                               _band_weight_grad(grad, x, kernel_size), atol=1e-12, rtol=1e-12)
