@@ -331,8 +331,8 @@ def _activation(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 # Longest input the direct product serves (longer ones go through the FFT) and the most (channels x n x n) entries
 # of the Toeplitz matrices it may build: measured in run_scripts/bench_token_mixers.py --direct (docs/training-speed.md).
-DIRECT_MAX_LENGTH = 128
-DIRECT_MAX_ENTRIES = 1 << 23
+DIRECT_MAX_LENGTH = 96
+DIRECT_MAX_ENTRIES = 1 << 22
 
 
 def use_direct(n: int, channels: int) -> bool:

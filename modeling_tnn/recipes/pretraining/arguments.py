@@ -76,6 +76,8 @@ def build_parser(task: str) -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=42)
     train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                        help="default: what `accelerate launch`/`accelerate config` says, else no")
+    train.add_argument("--torch_compile", action="store_true",
+                       help="compile the model with torch.compile (inductor) through Accelerate's dynamo backend")
 
     track = parser.add_argument_group("evaluation, checkpoints and outputs")
     track.add_argument("--output_dir", default=f"outputs/train_{task}")

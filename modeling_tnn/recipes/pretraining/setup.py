@@ -184,7 +184,8 @@ def setup(args: argparse.Namespace, task: str, raw_datasets: DatasetDict | None 
     accelerator = Accelerator(cpu=world_size > 1 and not has_device,
                               gradient_accumulation_steps=args.gradient_accumulation_steps,
                               mixed_precision=args.mixed_precision, log_with=trackers or None,
-                              project_dir=args.output_dir)
+                              project_dir=args.output_dir,
+                              dynamo_backend="inductor" if getattr(args, "torch_compile", False) else None)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     # (on the recipes' parent logger: setup, the loop, checkpoints and tracking each log under their module's name)
