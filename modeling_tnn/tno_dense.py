@@ -62,7 +62,7 @@ class DenseTno(TokenMixer):
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         n = x.shape[1]
         lag0 = 0 if self.causal else n - 1
-        if use_direct(n, x.shape[2]):
+        if use_direct(x.shape[0], n, x.shape[2]):
             return self.direct(x, lambda: self.coefficients(n, x.device).to(x.dtype), lag0, attention_mask, activate,
                                n)
         fft_len = fft_length(n)

@@ -106,7 +106,7 @@ class FdTno(TokenMixer):
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         n = x.shape[1]
         fft_len, step, offset, taps = self.plan(n)
-        if use_direct(n, x.shape[2]):
+        if use_direct(x.shape[0], n, x.shape[2]):
             return self.direct(x, lambda: self.taps(taps, x.device, x.dtype), 0 if self.causal else taps,
                                attention_mask, activate, n)
         key = ("kernel", fft_len, taps, x.device, x.dtype)

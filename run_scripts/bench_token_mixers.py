@@ -148,6 +148,16 @@ def targets_table(checks: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _style(ax, ylabel: str, title: str) -> None:
+    """Axes over the sequence length (log 2), labelled, gridded, with a legend."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length n")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path) -> None:
     import matplotlib
 
@@ -164,13 +174,9 @@ def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path
                         label=f"{mixer} {'causal' if causal else 'bidirectional'}")
             ys = [lookup(results, kind="floor", n=n, batch=batch) for n in lengths]
             ax.plot(lengths, ys, color="grey", linestyle=":", label="floor: rfft + irfft of the input")
-            ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("sequence length n")
-            ax.set_ylabel("forward + backward (ms, median)")
-            ax.set_title(f"{'token mixer alone' if kind == 'mixer' else 'one TNN block'}, batch {batch}")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            _style(ax, "forward + backward (ms, median)",
+                   f"{'token mixer alone' if kind == 'mixer' else 'one TNN block'}, batch {batch}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -192,15 +198,17 @@ def direct_run(lengths: list[int], channel_counts: list[int], tokens: int, round
                 for path in ("direct", "fft"):
                     jobs.append(dict(mixer=mixer, causal=causal, channels=channels, n=n, batch=batch, path=path))
                     steps.append((path, module, x))
-    limits = {"direct": (1 << 30, 1 << 62), "fft": (0, 0)}
+    names = ("DIRECT_MAX_LENGTH", "DIRECT_MAX_ENTRIES", "DIRECT_MIN_BATCH_PER_TOKEN")
+    limits = {"direct": (1 << 30, 1 << 62, 0.0), "fft": (0, 0, 0.0)}
 
     def run_one(path, module, x):
-        mixer_base.DIRECT_MAX_LENGTH, mixer_base.DIRECT_MAX_ENTRIES = limits[path]
+        for name, value in zip(names, limits[path]):
+            setattr(mixer_base, name, value)
         start = time.perf_counter()
         module(x).sum().backward()
         return time.perf_counter() - start
 
-    saved = mixer_base.DIRECT_MAX_LENGTH, mixer_base.DIRECT_MAX_ENTRIES
+    saved = [getattr(mixer_base, name) for name in names]
     try:
         for step in steps:
             run_one(*step)  # warm-up
@@ -209,7 +217,8 @@ def direct_run(lengths: list[int], channel_counts: list[int], tokens: int, round
             for i, step in enumerate(steps):
                 times[i].append(run_one(*step))
     finally:
-        mixer_base.DIRECT_MAX_LENGTH, mixer_base.DIRECT_MAX_ENTRIES = saved
+        for name, value in zip(names, saved):
+            setattr(mixer_base, name, value)
     return [dict(job, median_ms=1000 * statistics.median(t), times_ms=[1000 * v for v in t])
             for job, t in zip(jobs, times)]
 
@@ -257,12 +266,7 @@ def direct_main(args: argparse.Namespace) -> None:
             ax.plot(lengths, [lookup(results, path="fft", n=n, **key) / lookup(results, path="direct", n=n, **key)
                               for n in lengths], marker="o", label=f"{mixer} {'causal' if causal else 'bi'}")
         ax.axhline(1, color="grey", linestyle=":")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length n")
-        ax.set_ylabel("FFT time / direct time")
-        ax.set_title(f"{channels} channels, {args.tokens} tokens per step")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        _style(ax, "FFT time / direct time", f"{channels} channels, {args.tokens} tokens per step")
     fig.tight_layout()
     fig.savefig(out / "direct.png", dpi=110)
     print(table)

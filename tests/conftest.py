@@ -85,4 +85,5 @@ def mixer_path(request, monkeypatch) -> str:
 
     monkeypatch.setattr(mixer_base, "DIRECT_MAX_LENGTH", 1 << 30 if request.param == "direct" else 0)
     monkeypatch.setattr(mixer_base, "DIRECT_MAX_ENTRIES", 1 << 62)
+    monkeypatch.setattr(mixer_base, "DIRECT_MIN_BATCH_PER_TOKEN", 0.0)
     return request.param

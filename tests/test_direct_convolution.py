@@ -48,11 +48,12 @@ def test_bad_lag0_is_refused():
         direct_convolve(torch.randn(1, 4, 2), torch.randn(3, 2), 3)
 
 
-def test_the_path_is_chosen_by_length_and_size():
-    assert use_direct(mixer_base.DIRECT_MAX_LENGTH, 8)
-    assert not use_direct(mixer_base.DIRECT_MAX_LENGTH + 1, 8)
+def test_the_path_is_chosen_by_length_batch_and_size():
     n = mixer_base.DIRECT_MAX_LENGTH
-    assert not use_direct(n, mixer_base.DIRECT_MAX_ENTRIES // (n * n) + 1)  # too many matrix entries
+    assert use_direct(n, n, 8)
+    assert not use_direct(n + 1, n + 1, 8)
+    assert not use_direct(n - 1, n, 8)  # fewer rows than the matrices' side
+    assert not use_direct(n, n, mixer_base.DIRECT_MAX_ENTRIES // (n * n) + 1)  # too many matrix entries
 
 
 @pytest.mark.parametrize("mixer_class, kind", [(DenseTno, "dense"), (FdTno, "fd")])
@@ -61,6 +62,8 @@ def test_mixers_take_the_direct_path_at_short_lengths(monkeypatch, mixer_class, 
     original = mixer_base._DirectToeplitz.apply
     monkeypatch.setattr(mixer_base._DirectToeplitz, "apply", lambda *a: calls.append(a[0].shape[1]) or original(*a))
     mixer = mixer_class(tiny_config(kind, causal=True, fd_kernel_length=8), 4)
-    mixer(torch.randn(2, mixer_base.DIRECT_MAX_LENGTH, 4))
-    mixer(torch.randn(1, mixer_base.DIRECT_MAX_LENGTH + 1, 4))
-    assert calls == [mixer_base.DIRECT_MAX_LENGTH]
+    n = mixer_base.DIRECT_MAX_LENGTH
+    mixer(torch.randn(n, n, 4))
+    mixer(torch.randn(n + 1, n + 1, 4))
+    mixer(torch.randn(2, n, 4))
+    assert calls == [n]
