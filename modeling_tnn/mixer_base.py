@@ -334,13 +334,14 @@ def _activation(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 DIRECT_MAX_LENGTH = 96
 DIRECT_MAX_ENTRIES = 1 << 22
 # ... and the fewest batch rows per token of the sequence (see use_direct).
-DIRECT_MIN_BATCH_PER_TOKEN = 1.0
+DIRECT_MIN_BATCH_PER_TOKEN = 0.5
 
 
 def use_direct(batch: int, n: int, channels: int) -> bool:
     """Whether a (batch, n, channels) input is mixed by :func:`direct_convolve`: short enough, and with a batch of at
-    least n rows, so that the (channels, n, n) matrices it builds, fills and reduces in backward weigh no more than
-    the activations (measured: at batch 12 and n = 64 the FFT path is 1.8x faster, at batch 128 1.4x slower)."""
+    least n / 2 rows, so that the (channels, n, n) matrices it builds and reduces in backward weigh at most about
+    twice the activations (measured at 384 channels: at n = 64 the FFT path is 1.2-1.7x faster at batch 12 and
+    1.4x slower at batch 128; at n = 32 and batch 24 it is 1.1-1.4x slower)."""
     return (n <= DIRECT_MAX_LENGTH and batch >= DIRECT_MIN_BATCH_PER_TOKEN * n
             and channels * n * n <= DIRECT_MAX_ENTRIES)
 

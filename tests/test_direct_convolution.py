@@ -52,7 +52,8 @@ def test_the_path_is_chosen_by_length_batch_and_size():
     n = mixer_base.DIRECT_MAX_LENGTH
     assert use_direct(n, n, 8)
     assert not use_direct(n + 1, n + 1, 8)
-    assert not use_direct(n - 1, n, 8)  # fewer rows than the matrices' side
+    assert use_direct(n // 2, n, 8)
+    assert not use_direct(n // 2 - 1, n, 8)  # fewer rows than half the matrices' side
     assert not use_direct(n, n, mixer_base.DIRECT_MAX_ENTRIES // (n * n) + 1)  # too many matrix entries
 
 
@@ -65,5 +66,5 @@ def test_mixers_take_the_direct_path_at_short_lengths(monkeypatch, mixer_class, 
     n = mixer_base.DIRECT_MAX_LENGTH
     mixer(torch.randn(n, n, 4))
     mixer(torch.randn(n + 1, n + 1, 4))
-    mixer(torch.randn(2, n, 4))
+    mixer(torch.randn(n // 2 - 1, n, 4))
     assert calls == [n]
