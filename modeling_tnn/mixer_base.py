@@ -146,7 +146,7 @@ class _BlockConvolution(torch.autograd.Function):
                 mask: torch.Tensor | None) -> torch.Tensor:
         pre = x
         if activate:  # x is a pre-activation: convolve silu(x) * mask, keep x alone for backward
-            x = _activation(pre, mask)
+            x = _activation(pre, mask).contiguous()
         b, n, c = x.shape
         blocks = -(-n // step)
         chunk = _chunk_channels(x, b * blocks * fft_len)
@@ -192,7 +192,7 @@ class _BlockConvolution(torch.autograd.Function):
         x = pre
         need_x, need_kernel = ctx.needs_input_grad[:2]
         if activate and recompute and need_kernel:
-            x = _activation(pre, mask)
+            x = _activation(pre, mask).contiguous()
         if recompute and kernel is None and need_x:
             with torch.no_grad():
                 kernel = ctx.rebuild()
@@ -317,8 +317,10 @@ def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int 
     if recompute is None:
         blocks = -(-n // step)
         recompute = x.shape[0] * blocks * (fft_len // 2 + 1) * x.shape[2] * 2 * x.element_size() > RECOMPUTE_BYTES
-    return _BlockConvolution.apply(x.contiguous(), kernel, fft_len, step, offset, lag0, bool(recompute), rebuild,
-                                   activate, mask)
+    # A pre-activation stays as given (the GTU's is a view of its fused projection, which the gate keeps alive
+    # anyway): a contiguous copy saved for backward would be one activation more per layer.
+    return _BlockConvolution.apply(x if activate else x.contiguous(), kernel, fft_len, step, offset, lag0,
+                                   bool(recompute), rebuild, activate, mask)
 
 
 def _activation(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
