@@ -146,7 +146,7 @@ class _BlockConvolution(torch.autograd.Function):
                 mask: torch.Tensor | None) -> torch.Tensor:
         pre = x
         if activate:  # x is a pre-activation: convolve silu(x) * mask, keep x alone for backward
-            x = _activation(pre, mask)
+            x = _activation(pre, mask).contiguous()
         b, n, c = x.shape
         blocks = -(-n // step)
         chunk = _chunk_channels(x, b * blocks * fft_len)
@@ -192,7 +192,7 @@ class _BlockConvolution(torch.autograd.Function):
         x = pre
         need_x, need_kernel = ctx.needs_input_grad[:2]
         if activate and recompute and need_kernel:
-            x = _activation(pre, mask)
+            x = _activation(pre, mask).contiguous()
         if recompute and kernel is None and need_x:
             with torch.no_grad():
                 kernel = ctx.rebuild()
@@ -317,14 +317,125 @@ def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int 
     if recompute is None:
         blocks = -(-n // step)
         recompute = x.shape[0] * blocks * (fft_len // 2 + 1) * x.shape[2] * 2 * x.element_size() > RECOMPUTE_BYTES
-    return _BlockConvolution.apply(x.contiguous(), kernel, fft_len, step, offset, lag0, bool(recompute), rebuild,
-                                   activate, mask)
+    # A pre-activation stays as given (the GTU's is a view of its fused projection, which the gate keeps alive
+    # anyway): a contiguous copy saved for backward would be one activation more per layer.
+    return _BlockConvolution.apply(x if activate else x.contiguous(), kernel, fft_len, step, offset, lag0,
+                                   bool(recompute), rebuild, activate, mask)
 
 
 def _activation(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``silu(pre) * mask[..., None]``, the GTU's mixer input, with the same operations as the GTU."""
     x = F.silu(pre)
     return x if mask is None else x * mask[..., None].to(x.dtype)
+
+
+# -- the short-sequence path: the Toeplitz matrix itself, one batched product per channel ------------------------
+
+# Longest input the direct product serves (longer ones go through the FFT) and the most (channels x n x n) entries
+# of the Toeplitz matrices it may build: measured in run_scripts/bench_token_mixers.py --direct (docs/training-speed.md).
+DIRECT_MAX_LENGTH = 96
+DIRECT_MAX_ENTRIES = 1 << 22
+# ... and the fewest batch rows per token of the sequence (see use_direct).
+DIRECT_MIN_BATCH_PER_TOKEN = 0.5
+
+
+def use_direct(batch: int, n: int, channels: int) -> bool:
+    """Whether a (batch, n, channels) input is mixed by :func:`direct_convolve`: short enough, and with a batch of at
+    least n / 2 rows, so that the (channels, n, n) matrices it builds and reduces in backward weigh at most about
+    twice the activations (measured at 384 channels: at n = 64 the FFT path is 1.2-1.7x faster at batch 12 and
+    1.4x slower at batch 128; at n = 32 and batch 24 it is 1.1-1.4x slower)."""
+    return (n <= DIRECT_MAX_LENGTH and batch >= DIRECT_MIN_BATCH_PER_TOKEN * n
+            and channels * n * n <= DIRECT_MAX_ENTRIES)
+
+
+def _lag_rows(taps: torch.Tensor, n: int, lag0: int) -> torch.Tensor:
+    """``r`` (c, 2n - 1) with ``r[:, k]`` the kernel at lag ``k - (n - 1)``, from ``taps`` (rows, c) whose row r holds
+    lag ``r - lag0`` (zero at the lags the taps do not cover, taps beyond ``|lag| < n`` dropped)."""
+    rows = taps.shape[0]
+    low, high = max(0, lag0 - (n - 1)), min(rows, lag0 + n)
+    before, after = (n - 1) - (lag0 - low), (n - 1) - (high - 1 - lag0)
+    # Channel-major in memory (pad keeps its input's layout): the matrices built from it must be contiguous, else
+    # bmm runs channel by channel.
+    return F.pad(taps[low:high].t(), (before, after)).contiguous()
+
+
+def _toeplitz_matrices(rows: torch.Tensor) -> torch.Tensor:
+    """``M[c, i, j] = r[c, i - j + n - 1]`` (c, n, n) from ``rows`` (c, 2n - 1): a Hankel view (unfold) of the lags,
+    its columns reversed, materialised in one copy."""
+    n = (rows.shape[1] + 1) // 2
+    return rows.unfold(1, n, 1).flip(2)
+
+
+def _diagonal_sums(matrices: torch.Tensor) -> torch.Tensor:
+    """The adjoint of :func:`_toeplitz_matrices`: ``s[c, k] = sum_{i - j = k - (n - 1)} A[c, i, j]`` (c, 2n - 1).
+
+    Padding each row with n - 1 zeros on both sides and stepping one entry further per row lines the diagonals up
+    as columns of a strided view (no index tensor, one reduction)."""
+    c, n, _ = matrices.shape
+    padded = F.pad(matrices, (n - 1, n - 1))
+    width = 3 * n - 2
+    diagonals = padded.as_strided((c, n, 2 * n - 1), (n * width, width + 1, 1))  # [c, i, k] = A[c, i, i + k - n + 1]
+    return diagonals.sum(1).flip(1)
+
+
+def _channel_major(x: torch.Tensor) -> torch.Tensor:
+    """(b, n, c) -> (c, b, n) contiguous, as one 2-D transpose of (b * n, c): a copy through a 3-D permutation
+    strides over c on every read and measured 10x slower."""
+    b, n, c = x.shape
+    return x.reshape(b * n, c).t().contiguous().view(c, b, n)
+
+
+def _sequence_major(y: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_channel_major`: (c, b, n) -> (b, n, c) contiguous."""
+    c, b, n = y.shape
+    return y.reshape(c, b * n).t().contiguous().view(b, n, c)
+
+
+class _DirectToeplitz(torch.autograd.Function):
+    """``y[b, i, c] = sum_j t_c(i - j) x[b, j, c]`` as one batched product with the (n, n) Toeplitz matrix per
+    channel, with a hand-written backward: the input gradient is the product with the transposed matrices, the
+    kernel's the diagonal sums of ``g x^T``. Keeps the input (channel-major) and the taps; rebuilds the matrices."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, taps: torch.Tensor, lag0: int) -> torch.Tensor:
+        channel_major = _channel_major(x)                                             # (c, b, n)
+        matrices = _toeplitz_matrices(_lag_rows(taps, x.shape[1], lag0))
+        y = torch.bmm(channel_major, matrices.transpose(1, 2))                         # (c, b, n)
+        ctx.save_for_backward(channel_major if ctx.needs_input_grad[1] else None, taps)
+        ctx.lag0 = lag0
+        return _sequence_major(y)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        channel_major, taps = ctx.saved_tensors
+        b, n, c = grad.shape
+        grad_major = _channel_major(grad)                                              # (c, b, n)
+        grad_x = grad_taps = None
+        if ctx.needs_input_grad[0]:
+            matrices = _toeplitz_matrices(_lag_rows(taps, n, ctx.lag0))
+            grad_x = _sequence_major(torch.bmm(grad_major, matrices))
+        if ctx.needs_input_grad[1]:
+            lags = _diagonal_sums(torch.bmm(grad_major.transpose(1, 2), channel_major))  # (c, 2n - 1)
+            rows = taps.shape[0]
+            low, high = max(0, ctx.lag0 - (n - 1)), min(rows, ctx.lag0 + n)
+            start = (n - 1) - (ctx.lag0 - low)
+            inside = lags[:, start: start + high - low].t()
+            if high - low == rows:
+                grad_taps = inside.contiguous()
+            else:  # taps at lags no output reaches
+                grad_taps = taps.new_zeros(rows, c)
+                grad_taps[low:high] = inside
+        return grad_x, grad_taps, None
+
+
+def direct_convolve(x: torch.Tensor, taps: torch.Tensor, lag0: int) -> torch.Tensor:
+    """Per-channel convolution of ``x`` (b, n, c) with real ``taps`` (rows, c), row r holding lag ``r - lag0``, as a
+    product with the dense (n, n) Toeplitz matrix of each channel: exact (no FFT rounding) and few operations, for
+    short inputs (:func:`use_direct`). Lags with ``|lag| >= n`` reach no output and are ignored."""
+    if not 0 <= lag0 < taps.shape[0]:
+        raise ValueError(f"lag0: must lie in [0, rows) for a kernel of {taps.shape[0]} rows, got {lag0}")
+    return _DirectToeplitz.apply(x, taps, lag0)
 
 
 class _SiluGate(torch.autograd.Function):
@@ -378,32 +489,44 @@ class TokenMixer(nn.Module):
             y = self.mix(x.to(dtype), attention_mask)
         return y.to(x.dtype)
 
-    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
+        """Mix ``x`` (b, n, channels) in the compute dtype. With ``activate`` ``x`` is the GTU's pre-activation and
+        the mixer applies to ``silu(x) * mask`` (``attention_mask``), keeping only ``x`` for backward where it can
+        (see :func:`fft_convolve`)."""
         raise NotImplementedError
 
-    # Mixers whose mix() takes ``activate=True``: x is then the GTU's pre-activation, and the mixer convolves
-    # silu(x) * mask itself (see fft_convolve's ``activate``).
-    fuses_activation = False
+    def direct(self, x: torch.Tensor, taps: Callable[[], torch.Tensor], lag0: int, attention_mask: torch.Tensor | None,
+               activate: bool, n: int) -> torch.Tensor:
+        """The short-sequence path (:func:`direct_convolve`) with the kernel's ``taps()`` (memoised in eval mode);
+        the activation, if asked for, runs in front of it under autograd (short inputs keep little for backward)."""
+        if activate:
+            x = _activation(x, attention_mask)
+        return direct_convolve(x, self.cached(("taps", n, x.device, x.dtype), taps), lag0)
 
-    def gated_mix(self, u_pre: torch.Tensor, v_pre: torch.Tensor,
-                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The GTU's ``silu(u_pre) * self(silu(v_pre) * mask)`` (mask: ``attention_mask`` (b, n) or None), with the
-        same values and gradients. When gradients flow and :attr:`recompute_spectra` asks for it (None: when the
+    def gated_mix(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                  mix: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """The GTU's gating, ``silu(u_pre) * mix(silu(v_pre) * mask)`` (mask: ``attention_mask`` (b, n) or None), the
+        one place it is written: ``mix`` is this mixer's parallel form by default, the recurrent cache's step when
+        decoding.
+
+        On the parallel path, when gradients flow and :attr:`recompute_spectra` asks for it (None: when the
         activations exceed ``RECOMPUTE_BYTES / 2``), it keeps ``u_pre``, ``v_pre`` and the mixer's output for
         backward instead of also ``silu(u_pre)`` and the mixer's input (the silus are recomputed there): two
-        activation-sized tensors fewer per layer (mixers without ``fuses_activation`` save only the first)."""
-        dtype = compute_dtype(v_pre.dtype)
-        grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
-        # As the convolution's spectra: recomputing costs time (measured up to 15% of a mixer's forward + backward), so
-        # by default only activations as large as those the convolution recomputes for are left out.
-        lean = grad and (self.recompute_spectra if self.recompute_spectra is not None
-                         else 2 * v_pre.numel() * v_pre.element_size() > RECOMPUTE_BYTES)
-        if lean and self.fuses_activation and v_pre.dtype == dtype:
-            with torch.autocast(device_type=v_pre.device.type, enabled=False):
-                mixed = self.mix(v_pre, attention_mask, activate=True)
-        else:
-            mixed = self(_activation(v_pre, attention_mask), attention_mask)
-        mixed = mixed.to(u_pre.dtype)
+        activation-sized tensors fewer per layer; same values and gradients."""
+        lean = False
+        if mix is None:
+            dtype = compute_dtype(v_pre.dtype)
+            grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
+            # As the convolution's spectra: recomputing costs time (measured up to 15% of a mixer's forward +
+            # backward), so by default only activations as large as those the convolution recomputes for are left out.
+            lean = grad and (self.recompute_spectra if self.recompute_spectra is not None
+                             else 2 * v_pre.numel() * v_pre.element_size() > RECOMPUTE_BYTES)
+            if lean and v_pre.dtype == dtype:
+                with torch.autocast(device_type=v_pre.device.type, enabled=False):
+                    mixed = self.mix(v_pre, attention_mask, activate=True)
+                return _SiluGate.apply(u_pre, mixed.to(u_pre.dtype))
+            mix = lambda v: self(v, attention_mask)  # noqa: E731
+        mixed = mix(_activation(v_pre, attention_mask)).to(u_pre.dtype)
         return _SiluGate.apply(u_pre, mixed) if lean else F.silu(u_pre) * mixed
 
     # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------

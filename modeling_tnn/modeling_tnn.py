@@ -58,40 +58,86 @@ def build_token_mixer(config: TnnConfig, channels: int) -> TokenMixer:
 
 class Gtu(nn.Module):
     """Gated Toeplitz Unit: ``W_o(silu(W_u x) * TokenMixer(silu(W_v x)))``; pad positions of the mixer input are
-    zeroed so that padding never reaches a real token."""
+    zeroed so that padding never reaches a real token. ``W_u`` and ``W_v`` are one Linear, ``uv_proj`` (``W_u``'s
+    rows first): one matmul instead of two, forward and backward."""
 
     def __init__(self, config: TnnConfig, layer_idx: int = 0):
         super().__init__()
         self.layer_idx = layer_idx
         width = config.gtu_dim
-        self.u_proj = nn.Linear(config.hidden_size, width)
-        self.v_proj = nn.Linear(config.hidden_size, width)
+        self.uv_proj = nn.Linear(config.hidden_size, 2 * width)
         self.o_proj = nn.Linear(width, config.hidden_size)
         self.token_mixer = build_token_mixer(config, width)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None) -> torch.Tensor:
-        if cache is None:  # the mixer applies the gates itself: in training it may recompute them in backward
-            return self.o_proj(self.token_mixer.gated_mix(self.u_proj(x), self.v_proj(x), attention_mask))
-        u = F.silu(self.u_proj(x))
-        v = F.silu(self.v_proj(x))
-        if attention_mask is not None:
-            v = v * attention_mask[..., None].to(v.dtype)
-        mixed = mix_with_cache(self.token_mixer, v, attention_mask, cache.layers[self.layer_idx], cache)
-        return self.o_proj(u * mixed)
+        u_pre, v_pre = self.uv_proj(x).chunk(2, dim=-1)
+        mix = None
+        if cache is not None:  # decoding: the recurrent state mixes the gated, masked input
+            def mix(v: torch.Tensor) -> torch.Tensor:
+                return mix_with_cache(self.token_mixer, v, attention_mask, cache.layers[self.layer_idx], cache)
+        return self.o_proj(self.token_mixer.gated_mix(u_pre, v_pre, attention_mask, mix))
 
 
 class Glu(nn.Module):
-    """Channel mixer ``W3(silu(W1 x) * W2 x)``."""
+    """Channel mixer ``W3(silu(W1 x) * W2 x)``, ``W1`` and ``W2`` one Linear (``gate_up_proj``, ``W1``'s rows
+    first)."""
 
     def __init__(self, config: TnnConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.glu_dim)
-        self.up_proj = nn.Linear(config.hidden_size, config.glu_dim)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.glu_dim)
         self.down_proj = nn.Linear(config.glu_dim, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+# Checkpoints saved before the fused projections hold W_u / W_v and W1 / W2 as separate Linears: transformers
+# concatenates them on load (and, saving in the original format as it does by default, splits them again).
+_SPLIT_PROJECTIONS = {"gtu.uv_proj": ("gtu.u_proj", "gtu.v_proj"), "glu.gate_up_proj": ("glu.gate_proj", "glu.up_proj")}
+
+
+def split_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` with each fused projection (``uv_proj``, ``gate_up_proj``) as its two halves under the split
+    names: the layout ``save_pretrained`` writes and earlier versions of this model used."""
+    out = {}
+    for key, value in state_dict.items():
+        fused = next((f for f in _SPLIT_PROJECTIONS if f".{f}." in f".{key}"), None)
+        if fused is None:
+            out[key] = value
+            continue
+        for name, half in zip(_SPLIT_PROJECTIONS[fused], value.chunk(2, dim=0)):
+            out[key.replace(fused, name)] = half
+    return out
+
+
+def fuse_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`split_projections`: each pair of split projection tensors concatenated into the fused
+    one (tensors of other names, and already fused ones, unchanged)."""
+    out = dict(state_dict)
+    for fused, (first, second) in _SPLIT_PROJECTIONS.items():
+        for key in [k for k in out if f".{first}." in f".{k}"]:
+            partner = key.replace(first, second)
+            out[key.replace(first, fused)] = torch.cat([out.pop(key), out.pop(partner)], dim=0)
+    return out
+
+
+def _register_split_projection_loading() -> None:
+    """Register, for ``model_type="tnn"``, the conversion of split projection weights and biases into the fused
+    Linears (transformers' dynamic weight loading: a ``WeightConverter`` with ``Concatenate(dim=0)``, reversed by
+    ``save_pretrained``). The patterns are regular expressions and, reversed, replacement strings: plain names."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+    from transformers.core_model_loading import Concatenate, WeightConverter
+
+    converters = [WeightConverter(source_patterns=[f"{first}.{kind}", f"{second}.{kind}"],
+                                  target_patterns=f"{fused}.{kind}", operations=[Concatenate(dim=0)])
+                  for fused, (first, second) in _SPLIT_PROJECTIONS.items() for kind in ("weight", "bias")]
+    if get_checkpoint_conversion_mapping(TnnConfig.model_type) is None:  # a second copy of this module (remote code)
+        register_checkpoint_conversion_mapping(TnnConfig.model_type, converters)
+
+
+_register_split_projection_loading()
 
 
 class TnnBlock(GradientCheckpointingLayer):

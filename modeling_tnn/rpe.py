@@ -11,31 +11,36 @@ from torch.func import functional_call
 from .mixer_base import tracing
 
 
-class _SimpleRMSNormFunction(torch.autograd.Function):
-    """``y = x / (r + eps)`` with ``r = rms(x)``, saving the output and ``r`` only (not the input).
+def _norm_and_scale(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``||x||`` and ``s = rms(x) + eps = ||x|| / sqrt(d) + eps`` over the last dimension (d entries), in three
+    operations with no Python-scalar arithmetic (each scalar operand costs an operator or four to wrap)."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return norm, torch.add(norm.new_full((), eps), norm, alpha=x.shape[-1] ** -0.5)
 
-    With ``s = r + eps``: ``dL/dx = (g - y * sum(g * y) * s / (d * r)) / s`` over the last dimension (d entries), so
-    the input need not stay alive for backward: in a residual network the norm's input is the residual stream, which
-    nothing else saves, and its output is saved by the next Linear anyway. At ``r = 0`` (an all-zero row) the
-    second term vanishes with ``y``: the gradient is ``g / eps``, the limit the formula has there.
+
+class _SimpleRMSNormFunction(torch.autograd.Function):
+    """``y = x / s`` with ``s = rms(x) + eps``, saving the output, ``s`` and ``s / ||x||`` only (not the input).
+
+    With ``r = rms(x) = ||x|| / sqrt(d)``: ``dL/dx = (g - y * sum(g * y) * s / (d * r)) / s`` over the last dimension,
+    and ``s / (d r) = (s / ||x||) / sqrt(d)``, so the input need not stay alive for backward: in a residual network the
+    norm's input is the residual stream, which nothing else saves, and its output is saved by the next Linear anyway.
+    At ``||x|| = 0`` (an all-zero row) ``y`` and ``sum(g * y)`` vanish and the clamped ratio stays finite: the gradient
+    is ``g / eps``, the limit the formula has there.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
-        rms = x.pow(2).mean(dim=-1, keepdim=True).sqrt()
-        y = x / (rms + eps)
-        ctx.save_for_backward(y, rms)
-        ctx.eps = eps
+        norm, scale = _norm_and_scale(x, eps)
+        y = x / scale
+        ctx.save_for_backward(y, scale, scale / norm.clamp_min(torch.finfo(norm.dtype).tiny))
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        y, rms = ctx.saved_tensors
-        scale = rms + ctx.eps
-        ratio = torch.where(rms > 0, scale / (rms * y.shape[-1]), torch.zeros_like(rms))
+        y, scale, ratio = ctx.saved_tensors
         projection = (grad * y).sum(dim=-1, keepdim=True).mul_(ratio)
-        return (grad - y * projection).div_(scale), None
+        return torch.addcmul(grad, y, projection, value=-(y.shape[-1] ** -0.5)).div_(scale), None
 
 
 class SimpleRMSNorm(nn.Module):
@@ -50,8 +55,7 @@ class SimpleRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad and not tracing():
             return _SimpleRMSNormFunction.apply(x, self.eps)
-        rms = x.pow(2).mean(dim=-1, keepdim=True).sqrt()
-        return x / (rms + self.eps)
+        return x / _norm_and_scale(x, self.eps)[1]
 
 
 class Rpe(nn.Module):

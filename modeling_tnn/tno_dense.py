@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, fft_length, tracing
+from .mixer_base import TokenMixer, fft_convolve, fft_length, tracing, use_direct
 from .rpe import Rpe
 
 # float32's unit roundoff: kernel taps below it relative to the kernel's peak change no float32 output.
@@ -59,17 +59,19 @@ class DenseTno(TokenMixer):
         """rfft of the circulant embedding of the kernel (:meth:`layout`), (fft_len // 2 + 1, channels)."""
         return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
 
-    fuses_activation = True
-
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         n = x.shape[1]
+        lag0 = 0 if self.causal else n - 1
+        if use_direct(x.shape[0], n, x.shape[2]):
+            return self.direct(x, lambda: self.coefficients(n, x.device).to(x.dtype), lag0, attention_mask, activate,
+                               n)
         fft_len = fft_length(n)
         # Training hands the convolution the n (causal) or 2n - 1 real coefficients themselves: it lays them out
         # circularly chunk by chunk, and the kernel gradient comes back in the same compact shape.
         kernel = self.convolution_kernel(("spectrum", n, x.device, x.dtype),
                                          lambda: self.coefficients(n, x.device).to(x.dtype),
                                          lambda: self.spectrum(n, fft_len, x.device, x.dtype))
-        return fft_convolve(x, kernel, fft_len, lag0=0 if self.causal else n - 1, recompute=self.recompute_spectra,
+        return fft_convolve(x, kernel, fft_len, lag0=lag0, recompute=self.recompute_spectra,
                             rebuild=self._rebuilder(n, x.device, x.dtype) if kernel.requires_grad and not tracing()
                             else None,
                             activate=activate, mask=attention_mask if activate else None)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, smooth_size
+from .mixer_base import TokenMixer, fft_convolve, smooth_size, use_direct
 from .rpe import Rpe
 
 # Overlap-save FFT size as a multiple of the lags a block must cover: each block then yields (multiple - 1) x that
@@ -103,10 +103,12 @@ class FdTno(TokenMixer):
             return self.response(device).to(dtype.to_complex())  # the RPE output is the spectrum: no kernel FFT
         return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
 
-    fuses_activation = True
-
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
-        fft_len, step, offset, taps = self.plan(x.shape[1])
+        n = x.shape[1]
+        fft_len, step, offset, taps = self.plan(n)
+        if use_direct(x.shape[0], n, x.shape[2]):
+            return self.direct(x, lambda: self.taps(taps, x.device, x.dtype), 0 if self.causal else taps,
+                               attention_mask, activate, n)
         key = ("kernel", fft_len, taps, x.device, x.dtype)
         spectrum = lambda: self.spectrum(taps + 1, fft_len, x.device, x.dtype)  # noqa: E731
         if self._response_is_spectrum(taps + 1, fft_len):

@@ -46,6 +46,8 @@ def _band_weight_grad(grad: torch.Tensor, x: torch.Tensor, kernel_size: int) -> 
     """
     b, n, c = x.shape
     half = kernel_size // 2
+    if x.device.type != "cpu":
+        return _band_weight_grad_by_offset(grad, x, kernel_size)
     total = x.new_zeros(kernel_size, c)
     inner_start, inner_stop = half, n - half
     if inner_stop > inner_start:
@@ -68,6 +70,19 @@ def _band_weight_grad(grad: torch.Tensor, x: torch.Tensor, kernel_size: int) -> 
             if last > first:
                 shifted = x[:, first + o - half: last + o - half]
                 total[o] += (grad[:, first:last] * shifted).sum((0, 1))
+    return total.t()
+
+
+def _band_weight_grad_by_offset(grad: torch.Tensor, x: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """:func:`_band_weight_grad` as one product and reduction over the whole batch per offset: ``kernel_size``
+    operations whatever the batch and length, for accelerators (on CPU the cache-blocked loop measured 2-8x
+    faster: each offset here streams the whole activation)."""
+    n = x.shape[1]
+    half = kernel_size // 2
+    total = x.new_empty(kernel_size, x.shape[2])
+    for o in range(kernel_size):
+        lo, hi = max(0, half - o), min(n, n + half - o)
+        torch.sum(grad[:, lo:hi] * x[:, lo + o - half: hi + o - half], dim=(0, 1), out=total[o])
     return total.t()
 
 
@@ -204,8 +219,6 @@ class SkiTno(TokenMixer):
         weights, k_r = self.low_rank_factors(x, attention_mask)
         z = torch.bmm(weights.transpose(1, 2), x)                                      # (b, r, c)
         return torch.bmm(weights, _toeplitz_product(k_r, z))
-
-    fuses_activation = True
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         weights, k_r = self.low_rank_factors(x, attention_mask)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from param_matching import closest_size, count_parameters
 
 from modeling_tnn.recipes.common.run_files import METRICS_FILE
 from modeling_tnn.recipes.common.data_location import find_data_dir
@@ -85,21 +86,22 @@ def load_texts(name: str, folder: Path) -> tuple[str, str, str]:
 
 
 def gpt2_matching(target: int, vocab: int, n_positions: int, n_layer: int, n_head: int = 4) -> tuple[dict, int]:
-    """The GPT-2 config (width a multiple of ``n_head``) whose parameter count is closest to ``target``."""
+    """The GPT-2 config (width a multiple of ``n_head``, tied embeddings, position table counted) whose parameter
+    count is closest to ``target``, and that count."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    def count(width: int) -> int:
-        # tied embeddings: wte + wpe + per layer (2 LN, attn qkv+proj, mlp fc+proj) + final LN
-        per_layer = 4 * width + (3 * width * width + 3 * width) + (width * width + width) + \
-            (4 * width * width + 4 * width) + (4 * width * width + width)
-        return vocab * width + n_positions * width + n_layer * per_layer + 2 * width
+    def config_of(width: int) -> dict:
+        return {"model_type": "gpt2", "vocab_size": vocab, "n_positions": n_positions, "n_embd": width,
+                "n_layer": n_layer, "n_head": n_head, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                "tie_word_embeddings": True}
 
-    width = min(range(n_head * 4, 1025, n_head), key=lambda w: abs(count(w) - target))
-    config = {"model_type": "gpt2", "vocab_size": vocab, "n_positions": n_positions, "n_embd": width,
-              "n_layer": n_layer, "n_head": n_head, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-              "tie_word_embeddings": True}
-    exact = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in config.items() if k != "model_type"})).num_parameters()
-    return config, exact
+    def build(width: int) -> GPT2LMHeadModel:
+        return GPT2LMHeadModel(GPT2Config(**{k: v for k, v in config_of(width).items() if k != "model_type"}))
+
+    width = closest_size(build, target, multiple=n_head, low=n_head * 4, high=1024)
+    with torch.device("meta"):
+        exact = count_parameters(build(width))
+    return config_of(width), exact
 
 
 def read_curve(output_dir: Path) -> dict[str, float]:

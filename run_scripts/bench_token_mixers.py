@@ -5,6 +5,12 @@ Every configuration is timed once per round and the rounds interleave, so a burs
 hits all configurations alike; medians over rounds are reported, and ratios are taken within this one run.
 
     python run_scripts/bench_token_mixers.py --output_dir results/bench_token_mixers
+
+``--direct`` times instead the dense and FD mixers' two paths against each other at short lengths (the
+product with each channel's Toeplitz matrix, and the FFT), at a fixed number of tokens per step, which is what
+``mixer_base.DIRECT_MAX_LENGTH`` is set from:
+
+    python run_scripts/bench_token_mixers.py --direct --threads 1 --output_dir results/bench_token_mixers/direct
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from modeling_tnn import load_preset
+from modeling_tnn import load_preset, mixer_base
 from modeling_tnn.mixer_base import fft_convolve, fft_length
 from modeling_tnn.modeling_tnn import TnnBlock, build_token_mixer
 
@@ -142,6 +148,16 @@ def targets_table(checks: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _style(ax, ylabel: str, title: str) -> None:
+    """Axes over the sequence length (log 2), labelled, gridded, with a legend."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length n")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path) -> None:
     import matplotlib
 
@@ -158,15 +174,103 @@ def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path
                         label=f"{mixer} {'causal' if causal else 'bidirectional'}")
             ys = [lookup(results, kind="floor", n=n, batch=batch) for n in lengths]
             ax.plot(lengths, ys, color="grey", linestyle=":", label="floor: rfft + irfft of the input")
-            ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("sequence length n")
-            ax.set_ylabel("forward + backward (ms, median)")
-            ax.set_title(f"{'token mixer alone' if kind == 'mixer' else 'one TNN block'}, batch {batch}")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            _style(ax, "forward + backward (ms, median)",
+                   f"{'token mixer alone' if kind == 'mixer' else 'one TNN block'}, batch {batch}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+DIRECT_CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False)]
+
+
+def direct_run(lengths: list[int], channel_counts: list[int], tokens: int, rounds: int) -> list[dict]:
+    """Forward + backward of each mixer alone on either path (the choice forced through mixer_base's limits),
+    interleaved rounds."""
+    jobs, steps = [], []
+    for channels in channel_counts:
+        for n in lengths:
+            batch = max(1, tokens // n)
+            for mixer, causal in DIRECT_CASES:
+                config = config_for(mixer, causal, channels)
+                module = build_token_mixer(config, channels).train()
+                x = torch.randn(batch, n, channels, requires_grad=True)
+                for path in ("direct", "fft"):
+                    jobs.append(dict(mixer=mixer, causal=causal, channels=channels, n=n, batch=batch, path=path))
+                    steps.append((path, module, x))
+    names = ("DIRECT_MAX_LENGTH", "DIRECT_MAX_ENTRIES", "DIRECT_MIN_BATCH_PER_TOKEN")
+    limits = {"direct": (1 << 30, 1 << 62, 0.0), "fft": (0, 0, 0.0)}
+
+    def run_one(path, module, x):
+        for name, value in zip(names, limits[path]):
+            setattr(mixer_base, name, value)
+        start = time.perf_counter()
+        module(x).sum().backward()
+        return time.perf_counter() - start
+
+    saved = [getattr(mixer_base, name) for name in names]
+    try:
+        for step in steps:
+            run_one(*step)  # warm-up
+        times: list[list[float]] = [[] for _ in jobs]
+        for _ in tqdm(range(rounds), desc="interleaved rounds"):
+            for i, step in enumerate(steps):
+                times[i].append(run_one(*step))
+    finally:
+        for name, value in zip(names, saved):
+            setattr(mixer_base, name, value)
+    return [dict(job, median_ms=1000 * statistics.median(t), times_ms=[1000 * v for v in t])
+            for job, t in zip(jobs, times)]
+
+
+def direct_table(results: list[dict], lengths: list[int], channel_counts: list[int]) -> str:
+    lines = ["| channels | n | batch | " + " | ".join(f"{m} {'causal' if c else 'bi'} fft / direct"
+                                                    for m, c in DIRECT_CASES) + " | direct ms (dense causal) |",
+             "|---|---|---|" + "---|" * (len(DIRECT_CASES) + 1)]
+    for channels in channel_counts:
+        for n in lengths:
+            cells = []
+            for mixer, causal in DIRECT_CASES:
+                key = dict(mixer=mixer, causal=causal, channels=channels, n=n)
+                cells.append(f"{lookup(results, path='fft', **key) / lookup(results, path='direct', **key):.2f}x")
+            direct_ms = lookup(results, path="direct", mixer="dense", causal=True, channels=channels, n=n)
+            batch = next(r["batch"] for r in results if r["n"] == n)
+            lines.append(f"| {channels} | {n} | {batch} | " + " | ".join(cells) + f" | {direct_ms:.2f} |")
+    return "\n".join(lines)
+
+
+def direct_main(args: argparse.Namespace) -> None:
+    lengths = [int(v) for v in args.lengths.split(",")]
+    channel_counts = [int(v) for v in args.channel_counts.split(",")]
+    results = direct_run(lengths, channel_counts, args.tokens, args.rounds)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    command = ("python run_scripts/bench_token_mixers.py --direct " + " ".join(
+        f"--{k} {v}" for k, v in vars(args).items() if v is not None and k != "direct" and k != "channels"))
+    table = direct_table(results, lengths, channel_counts)
+    (out / "results.json").write_text(json.dumps(dict(command=command, torch=torch.__version__,
+                                                      threads=torch.get_num_threads(), results=results), indent=1))
+    (out / "table.md").write_text(
+        f"`{command}` (torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.rounds} "
+        f"interleaved rounds, {args.tokens} tokens per step)\n\nForward + backward of the mixer alone: time of the FFT "
+        "path over that of the direct product (above 1: the direct product is faster).\n\n" + table + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(channel_counts), figsize=(5 * len(channel_counts), 4), squeeze=False)
+    for ax, channels in zip(axes[0], channel_counts):
+        for mixer, causal in DIRECT_CASES:
+            key = dict(mixer=mixer, causal=causal, channels=channels)
+            ax.plot(lengths, [lookup(results, path="fft", n=n, **key) / lookup(results, path="direct", n=n, **key)
+                              for n in lengths], marker="o", label=f"{mixer} {'causal' if causal else 'bi'}")
+        ax.axhline(1, color="grey", linestyle=":")
+        _style(ax, "FFT time / direct time", f"{channels} channels, {args.tokens} tokens per step")
+    fig.tight_layout()
+    fig.savefig(out / "direct.png", dpi=110)
+    print(table)
+    print(f"wrote {out}/results.json, table.md, direct.png")
 
 
 def main() -> None:
@@ -177,10 +281,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--output_dir", default="results/bench_token_mixers")
+    parser.add_argument("--direct", action="store_true", help="time the short-sequence path against the FFT")
+    parser.add_argument("--channel_counts", default="128,384,768", help="--direct: mixer widths")
+    parser.add_argument("--tokens", type=int, default=8192, help="--direct: tokens per step (batch = tokens // n)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.direct:
+        direct_main(args)
+        return
     lengths = [int(v) for v in args.lengths.split(",")]
     batches = [int(v) for v in args.batches.split(",")]
     results = run(lengths, batches, args.channels, args.rounds)

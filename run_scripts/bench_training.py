@@ -13,13 +13,21 @@ position tables are not counted, as TNN has none). One torch thread.
   the high-water mark minus that baseline: activations saved for backward, gradients, the optimizer state and the
   temporaries of one step, not the weights or the interpreter.
 * ``--profile``: torch.profiler's top operators of one training step per model and length.
+* ``--count_ops``: the number of ``aten::`` events torch.profiler records in one step, forward + backward and the
+  optimizer's step separately, per model and length (on an accelerator each is a kernel launch or more).
+* ``--compile``: each model also as ``torch.compile(model)`` (inductor), timed in the same interleaved rounds.
 
-Suites: ``lm`` (the default: causal and masked LM models built from ``--preset`` at ``--hidden_size``) and ``lra``
+Suites: ``lm`` (the default: causal and masked LM models built from ``--preset`` at ``--hidden_size``), ``lra``
 (sequence classification at the ``lra_listops`` preset's sizes: bidirectional TNN against BERT for sequence
-classification with a position table of max(2048, n) rows).
+classification with a position table of max(2048, n) rows) and ``small_gpt`` (a well-known small-GPT recipe's
+character model: width 128, 4 layers, block 64, batch 12, a 65-symbol vocabulary, AdamW betas (0.9, 0.99) with
+weight decay 0.1 on 2-D weights, for every model; TNN with ``glu_expand_ratio=1, rpe_dim=32, rpe_layers=3``
+against transformers' GPT-2 (sdpa) and a minimal GPT written here as such recipes write it, both at the recipe's
+own size: 4 heads, a 4x MLP).
 
     python run_scripts/bench_training.py --output_dir results/bench_training
     python run_scripts/bench_training.py --suite lra --output_dir results/bench_lra_speed
+    python run_scripts/bench_training.py --suite small_gpt --output_dir results/bench_training/small_gpt
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from param_matching import POSITION_TABLES, closest_size, count_parameters
+from torch import nn
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -46,12 +57,16 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, load_preset
+from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, load_preset, mixer_base
 
 SUITES = {
     "lm": {"causal": ["tnn-dense", "tnn-fd", "gpt2", "llama"], "masked": ["tnn-dense", "tnn-fd", "tnn-ski", "bert"]},
     "lra": {"classify": ["tnn-dense", "tnn-fd", "tnn-ski", "bert"]},
+    "small_gpt": {"causal": ["tnn-dense", "tnn-fd", "gpt2", "mingpt"]},
 }
+# The small-GPT recipe: its sizes, and the TNN options that bring TNN to about its parameter count.
+SMALL_GPT = dict(hidden_size=128, num_hidden_layers=4, vocab_size=65, block=64, batch=12, heads=4)
+SMALL_GPT_TNN = dict(glu_expand_ratio=1, rpe_dim=32, rpe_layers=3)
 MATCH_TOLERANCE = 0.035
 
 
@@ -73,18 +88,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="profile one step per model and length instead")
     parser.add_argument("--profile_rows", type=int, default=15)
     parser.add_argument("--output_dir", default=None)
+    parser.add_argument("--count_ops", action="store_true", help="count the aten ops of one step instead")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile(model) of every model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replot", default=None, help="redraw training.png from this folder's results.json")
     parser.add_argument("--memory_worker", default=None, help=argparse.SUPPRESS)  # "family:model:n:batch"
     args = parser.parse_args(argv)
-    lm = args.suite == "lm"
-    args.preset = args.preset or ("small" if lm else "lra_listops")
-    args.hidden_size = args.hidden_size or (256 if lm else None)
-    args.head_dim = args.head_dim or (64 if lm else 32)
-    args.lengths = _ints(args.lengths if args.lengths is not None else ("64,128,512,2048,8192" if lm else
-                                                                        "1024,2048,4096"))
+    lm, small = args.suite == "lm", args.suite == "small_gpt"
+    args.preset = args.preset or ("lra_listops" if args.suite == "lra" else "small")
+    args.hidden_size = args.hidden_size or (256 if lm else SMALL_GPT["hidden_size"] if small else None)
+    args.head_dim = args.head_dim or (64 if lm else args.hidden_size // SMALL_GPT["heads"] if small else 32)
+    default_lengths = {"lm": "64,128,512,2048,8192", "lra": "1024,2048,4096", "small_gpt": str(SMALL_GPT["block"])}
+    args.lengths = _ints(args.lengths if args.lengths is not None else default_lengths[args.suite])
+    default_memory = {"lm": "512,2048,8192,32768", "lra": "1024,2048,4096", "small_gpt": ""}
     args.memory_lengths = _ints(args.memory_lengths if args.memory_lengths is not None else
-                                ("512,2048,8192,32768" if lm else "1024,2048,4096"))
+                                default_memory[args.suite])
+    if small and args.tokens == parser.get_default("tokens"):
+        args.tokens = SMALL_GPT["batch"] * SMALL_GPT["block"]
     families = list(SUITES[args.suite]) if args.families is None else args.families.split(",")
     unknown = [f for f in families if f not in SUITES[args.suite]]
     if unknown:
@@ -96,7 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if wanted is not None and any(m not in allowed for m in wanted):
         raise ValueError(f"--models {wanted}: allowed values are {allowed}")
     args.models = wanted
-    args.output_dir = Path(args.output_dir or f"results/{'bench_training' if lm else 'bench_lra_speed'}")
+    default_dir = {"lm": "bench_training", "lra": "bench_lra_speed", "small_gpt": "bench_training/small_gpt"}
+    args.output_dir = Path(args.output_dir or f"results/{default_dir[args.suite]}")
     return args
 
 
@@ -113,25 +134,14 @@ def batch_for(args: argparse.Namespace, n: int) -> int:
 
 def tnn_config(args: argparse.Namespace, family: str, mixer: str):
     overrides = dict(token_mixer=mixer, dropout=0.0, causal=family == "causal")
+    if args.suite == "small_gpt":
+        overrides.update(SMALL_GPT_TNN, num_hidden_layers=SMALL_GPT["num_hidden_layers"],
+                         vocab_size=SMALL_GPT["vocab_size"])
     if args.hidden_size:
         overrides["hidden_size"] = args.hidden_size
     if family == "classify":
         overrides["num_labels"] = 10
     return load_preset(args.preset, **overrides)
-
-
-def count(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> int:
-    """Parameters, each shared tensor once, leaving out those whose name contains one of ``skip``."""
-    seen, total = set(), 0
-    for name, p in model.named_parameters():
-        if id(p) in seen or any(s in name for s in skip):
-            continue
-        seen.add(id(p))
-        total += p.numel()
-    return total
-
-
-POSITION_TABLES = ("wpe", "position_embeddings", "token_type_embeddings")
 
 
 def baseline_config(kind: str, family: str, tnn, width: int, max_n: int, head_dim: int):
@@ -163,32 +173,84 @@ TNN_CLASSES = {"causal": TnnForCausalLM, "masked": TnnForMaskedLM, "classify": T
 
 def matched_width(kind: str, family: str, tnn, target: int, max_n: int, head_dim: int) -> int:
     """The baseline MLP width whose parameter count (position tables left out) is closest to ``target``."""
-    def params(width: int) -> int:
-        with torch.device("meta"):
-            return count(BASELINE_CLASSES[kind, family](baseline_config(kind, family, tnn, width, max_n, head_dim)),
-                         POSITION_TABLES)
-    low, high = 1, 1 << 16
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if params(middle) <= target else (low, middle)
-    return min((low, high), key=lambda w: abs(params(w) - target))
+    return closest_size(lambda width: BASELINE_CLASSES[kind, family](baseline_config(kind, family, tnn, width, max_n,
+                                                                                        head_dim)),
+                        target, skip=POSITION_TABLES)
+
+
+class MinimalGpt(nn.Module):
+    """A GPT as small-GPT recipes write it: token and position tables, pre-norm blocks of one fused qkv projection
+    with causal scaled-dot-product attention and a GELU MLP of 4x width, bias-free Linears and LayerNorms, the output
+    projection tied to the token table; the loss of each position predicting the next token."""
+
+    def __init__(self, vocab_size: int, block: int, width: int, layers: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.token_table = nn.Embedding(vocab_size, width)
+        self.position_table = nn.Embedding(block, width)
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(
+            attention_norm=nn.LayerNorm(width, bias=False), qkv=nn.Linear(width, 3 * width, bias=False),
+            attention_out=nn.Linear(width, width, bias=False), mlp_norm=nn.LayerNorm(width, bias=False),
+            mlp_in=nn.Linear(width, 4 * width, bias=False), mlp_out=nn.Linear(4 * width, width, bias=False)))
+            for _ in range(layers))
+        self.final_norm = nn.LayerNorm(width, bias=False)
+        self.head = nn.Linear(width, vocab_size, bias=False)
+        self.head.weight = self.token_table.weight
+        self.config = type("Sizes", (), dict(vocab_size=vocab_size))()
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, **_) -> "MinimalGptOutput":
+        b, n = input_ids.shape
+        x = self.token_table(input_ids) + self.position_table(torch.arange(n, device=input_ids.device))
+        for block in self.blocks:
+            q, k, v = block["qkv"](block["attention_norm"](x)).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, -1)
+            x = x + block["attention_out"](attended)
+            x = x + block["mlp_out"](F.gelu(block["mlp_in"](block["mlp_norm"](x))))
+        logits = self.head(self.final_norm(x))
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        return MinimalGptOutput(loss)
+
+
+class MinimalGptOutput:
+    def __init__(self, loss: torch.Tensor):
+        self.loss = loss
 
 
 def build(args: argparse.Namespace, family: str, name: str, max_n: int) -> torch.nn.Module:
     torch.manual_seed(args.seed)
     if name.startswith("tnn-"):
         model = TNN_CLASSES[family](tnn_config(args, family, name[4:]))
+    elif args.suite == "small_gpt":  # the recipe's own sizes, not matched to TNN
+        tnn = tnn_config(args, family, "dense")
+        if name == "mingpt":
+            model = MinimalGpt(tnn.vocab_size, max_n, tnn.hidden_size, tnn.num_hidden_layers, SMALL_GPT["heads"])
+        else:
+            model = BASELINE_CLASSES[name, family](baseline_config(name, family, tnn, 4 * tnn.hidden_size, max_n,
+                                                                   args.head_dim))
     else:
         tnn = tnn_config(args, family, "dense")
         with torch.device("meta"):
-            target = count(TNN_CLASSES[family](tnn))
+            target = count_parameters(TNN_CLASSES[family](tnn))
         width = matched_width(name, family, tnn, target, max_n, args.head_dim)
         model = BASELINE_CLASSES[name, family](baseline_config(name, family, tnn, width, max_n, args.head_dim))
     return model.train()
 
 
-def make_step(model: torch.nn.Module, family: str, n: int, batch: int, vocab: int, seed: int):
-    """A closure running one training step: forward with the loss, backward, AdamW step, gradients dropped."""
+def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW; in the small-GPT suite as that recipe sets it, for every model: betas (0.9, 0.99), weight decay 0.1
+    on the 2-D weights only."""
+    if args.suite != "small_gpt":
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
+              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+    return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
+
+
+def make_step(args: argparse.Namespace, model: torch.nn.Module, family: str, n: int, batch: int, vocab: int,
+              seed: int, split: bool = False):
+    """A closure running one training step: forward with the loss, backward, AdamW step, gradients dropped. With
+    ``split`` it returns two closures instead: forward + backward, and the optimizer's step + zero_grad."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, n), generator=generator)
     if family == "causal":
@@ -199,19 +261,43 @@ def make_step(model: torch.nn.Module, family: str, n: int, batch: int, vocab: in
         labels[chosen] = ids[chosen]
     else:
         labels = torch.randint(0, 10, (batch,), generator=generator)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = make_optimizer(args, model)
 
-    def step():
+    def forward_backward():
         loss = model(input_ids=ids, labels=labels, use_cache=False).loss if family == "causal" else \
             model(input_ids=ids, labels=labels).loss
         loss.backward()
+
+    def update():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    if split:
+        return forward_backward, update
+
+    def step():
+        forward_backward()
+        update()
     return step
 
 
 def jobs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
-    return [(f, m) for f in args.families for m in SUITES[args.suite][f] if args.models is None or m in args.models]
+    jobs = [(f, m) for f in args.families for m in SUITES[args.suite][f] if args.models is None or m in args.models]
+    return jobs + [(f, m + COMPILED) for f, m in jobs] if args.compile else jobs
+
+
+COMPILED = "+compile"
+
+
+def build_job(args: argparse.Namespace, family: str, name: str, max_n: int) -> torch.nn.Module:
+    """The model of a job: ``name`` built, compiled (inductor) when it ends with ``+compile``."""
+    if name.endswith(COMPILED):
+        return torch.compile(build(args, family, name.removesuffix(COMPILED), max_n))
+    return build(args, family, name, max_n)
+
+
+def vocab_of(model: torch.nn.Module) -> int:
+    return getattr(model, "_orig_mod", model).config.vocab_size
 
 
 # -- throughput ----------------------------------------------------------------------------------------------------
@@ -219,14 +305,14 @@ def jobs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def throughput(args: argparse.Namespace) -> list[dict]:
     max_n = max(args.lengths + args.memory_lengths)
-    models = {(f, m): build(args, f, m, max_n) for f, m in jobs_of(args)}
+    models = {(f, m): build_job(args, f, m, max_n) for f, m in jobs_of(args)}
     rows = []
     for n in args.lengths:
         batch = batch_for(args, n)
         steps = {}
         for (family, name), model in models.items():
-            step = make_step(model, family, n, batch, model.config.vocab_size, args.seed)
-            step()  # warm-up (allocator, AdamW state)
+            step = make_step(args, model, family, n, batch, vocab_of(model), args.seed)
+            step()  # warm-up (allocator, AdamW state, compilation)
             steps[family, name] = step
         times = {key: [] for key in steps}
         for round_index in range(args.rounds):
@@ -257,8 +343,8 @@ def _status_kb(field: str) -> int:
 def memory_worker(args: argparse.Namespace) -> None:
     family, name, n, batch = args.memory_worker.split(":")
     n, batch = int(n), int(batch)
-    model = build(args, family, name, max(n, max(args.memory_lengths + args.lengths)))
-    step = make_step(model, family, n, batch, model.config.vocab_size, args.seed)
+    model = build_job(args, family, name, max(n, max(args.memory_lengths + args.lengths)))
+    step = make_step(args, model, family, n, batch, vocab_of(model), args.seed)
     gc.collect()
     baseline = _status_kb("VmRSS")
     try:
@@ -302,9 +388,9 @@ def profile(args: argparse.Namespace) -> None:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     max_n = max(args.lengths)
     for family, name in jobs_of(args):
-        model = build(args, family, name, max_n)
+        model = build_job(args, family, name, max_n)
         for n in args.lengths:
-            step = make_step(model, family, n, batch_for(args, n), model.config.vocab_size, args.seed)
+            step = make_step(args, model, family, n, batch_for(args, n), vocab_of(model), args.seed)
             step()
             with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
                 start = time.perf_counter()
@@ -317,6 +403,67 @@ def profile(args: argparse.Namespace) -> None:
             (args.output_dir / f"profile_{family}_{name}_{n}.txt").write_text(text)
 
 
+# -- op counts ------------------------------------------------------------------------------------------------------
+
+
+def _aten_events(run) -> tuple[int, dict[str, int]]:
+    """``run()`` under torch.profiler: the number of ``aten::`` events (every one, nested ones too) and per name."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    names: dict[str, int] = {}
+    for event in prof.events():
+        if event.name.startswith("aten::"):
+            names[event.name] = names.get(event.name, 0) + 1
+    return sum(names.values()), names
+
+
+def count_ops(args: argparse.Namespace) -> list[dict]:
+    """Per model and length: aten events of forward + backward and of the optimizer step, parameter tensors."""
+    rows = []
+    max_n = max(args.lengths)
+    for family, name in jobs_of(args):
+        model = build_job(args, family, name, max_n)
+        for n in args.lengths:
+            forward_backward, update = make_step(args, model, family, n, batch_for(args, n), vocab_of(model),
+                                                 args.seed, split=True)
+            forward_backward()  # warm-up: AdamW's state, compilation
+            update()
+            forward_backward()
+            total, names = _aten_events(forward_backward)
+            optimizer_total, _ = _aten_events(update)
+            # Off CPU the FFT convolution takes all channels in one chunk (on CPU it cuts them into cache-sized
+            # chunks, each a few more operators): the count as an accelerator would launch it.
+            chunk = mixer_base.CHUNK_ELEMENTS
+            mixer_base.CHUNK_ELEMENTS = 1 << 62
+            try:
+                forward_backward()
+                update()
+                one_chunk, _ = _aten_events(forward_backward)
+            finally:
+                mixer_base.CHUNK_ELEMENTS = chunk
+            top = dict(sorted(names.items(), key=lambda item: -item[1])[:12])
+            tensors = len({id(p) for p in model.parameters()})
+            rows.append(dict(family=family, model=name, n=n, batch=batch_for(args, n), forward_backward=total,
+                             forward_backward_one_chunk=one_chunk, optimizer=optimizer_total,
+                             parameter_tensors=tensors, top=top))
+            print(f"{family} {name} n={n}: {total} aten ops forward + backward ({one_chunk} in one channel chunk), "
+                  f"{optimizer_total} in the optimizer step, {tensors} parameter tensors", flush=True)
+    return rows
+
+
+def ops_table(rows: list[dict]) -> str:
+    lines = ["| family | model | n | batch | aten ops fwd + bwd | same, one channel chunk (as off CPU) | optimizer | "
+             "parameter tensors | most frequent |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        top = ", ".join(f"{k.removeprefix('aten::')} {v}" for k, v in list(r["top"].items())[:6])
+        lines.append(f"| {r['family']} | {r['model']} | {r['n']} | {r['batch']} | {r['forward_backward']:,} | "
+                     f"{r['forward_backward_one_chunk']:,} | {r['optimizer']:,} | {r['parameter_tensors']} | {top} |")
+    return "\n".join(lines) + "\n"
+
+
 # -- report --------------------------------------------------------------------------------------------------------
 
 RATIOS = {
@@ -324,9 +471,21 @@ RATIOS = {
            ("causal", "tnn-fd", "gpt2"), ("causal", "tnn-fd", "tnn-dense"), ("masked", "tnn-ski", "bert"),
            ("masked", "tnn-dense", "bert"), ("masked", "tnn-fd", "bert"), ("masked", "tnn-ski", "tnn-dense"),
            ("masked", "tnn-fd", "tnn-dense")],
+    "small_gpt": [("causal", "tnn-dense", "gpt2"), ("causal", "tnn-fd", "gpt2"), ("causal", "tnn-dense", "mingpt"),
+                  ("causal", "tnn-fd", "mingpt"), ("causal", "tnn-fd", "tnn-dense")],
     "lra": [("classify", "tnn-dense", "bert"), ("classify", "tnn-fd", "bert"), ("classify", "tnn-ski", "bert"),
             ("classify", "tnn-fd", "tnn-dense"), ("classify", "tnn-ski", "tnn-dense")],
 }
+
+
+def ratios(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The suite's ratios; with ``--compile`` also compiled against compiled and each model compiled against eager."""
+    pairs = list(RATIOS[args.suite])
+    if args.compile:
+        pairs += [(f, a + COMPILED, b + COMPILED) for f, a, b in RATIOS[args.suite]]
+        pairs += [(f, m + COMPILED, m) for f, m in dict.fromkeys((f, m) for f, m in jobs_of(args)
+                                                                  if not m.endswith(COMPILED))]
+    return pairs
 
 
 def render(args, counts, speed, peaks) -> str:
@@ -348,7 +507,7 @@ def render(args, counts, speed, peaks) -> str:
             lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
         lines += ["", "Speed ratios (a / b = time of b over time of a):", "",
                   "| ratio | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
-        for family, a, b in RATIOS[args.suite]:
+        for family, a, b in ratios(args):
             cells = []
             for n in lengths:
                 ta = next((r["median_s"] for r in speed if (r["family"], r["model"], r["n"]) == (family, a, n)), None)
@@ -389,7 +548,7 @@ def plot(args, speed, peaks, path: Path) -> None:
         rows = [r for r in (speed if what == "speed" else peaks) if r["family"] == family and "failed" not in r]
         # Speed as a ratio to the family's attention baseline, measured within the same interleaved rounds (the
         # absolute rate follows the load of a shared machine from one length to the next; the ratio does not).
-        reference = REFERENCE[family]
+        reference = "gpt2" if args.suite == "small_gpt" else REFERENCE[family]
         base = {r["n"]: r["median_s"] for r in rows if r["model"] == reference} if what == "speed" else {}
         relative = bool(base)  # without the baseline in the run: absolute tokens/s
         for name in dict.fromkeys(r["model"] for r in rows):
@@ -428,19 +587,30 @@ def main(argv: list[str] | None = None) -> None:
         args.families = list(dict.fromkeys(r["family"] for r in saved["throughput"] + saved["memory"]))
         plot(args, saved["throughput"], saved["memory"], folder / "training.png")
         return
+    if args.count_ops:
+        rows = count_ops(args)
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        command = shlex.join(["python", "run_scripts/bench_training.py", *argv])
+        text = (f"aten events torch.profiler records in one training step (suite {args.suite}, one thread); "
+                "forward + backward counts every aten event, nested ones too.\n\n" + ops_table(rows))
+        print(text)
+        (args.output_dir / "ops.md").write_text(text + f"\nReproduce: `{command}`\n")
+        (args.output_dir / "ops.json").write_text(json.dumps(dict(command=command, torch=torch.__version__,
+                                                                  rows=rows), indent=1))
+        return
     max_n = max(args.lengths + args.memory_lengths)
     counts = {}
     for family, name in jobs_of(args):
+        base = name.removesuffix(COMPILED)
         with torch.device("meta"):
-            tnn_total = count(TNN_CLASSES[family](tnn_config(args, family, "dense")))
-            model = build(args, family, name, max_n) if not name.startswith("tnn-") else None
-        total = tnn_total if model is None else count(model, POSITION_TABLES)
-        if name.startswith("tnn-"):
-            with torch.device("meta"):
-                total = count(TNN_CLASSES[family](tnn_config(args, family, name[4:])))
+            tnn_total = count_parameters(TNN_CLASSES[family](tnn_config(args, family, "dense")))
+            if base.startswith("tnn-"):
+                total = count_parameters(TNN_CLASSES[family](tnn_config(args, family, base[4:])))
+            else:
+                total = count_parameters(build(args, family, base, max_n), POSITION_TABLES)
         counts[family, name] = (total, total / tnn_total - 1)
         print(f"{family} {name}: {total:,} parameters ({total / tnn_total - 1:+.2%})", flush=True)
-        if abs(total / tnn_total - 1) > MATCH_TOLERANCE:
+        if abs(total / tnn_total - 1) > MATCH_TOLERANCE and args.suite != "small_gpt":
             print(f"  warning: {name} is not within {MATCH_TOLERANCE:.1%} of TNN dense", flush=True)
     speed = throughput(args) if args.lengths else []
     peaks = memory(args, argv) if args.memory_lengths else []

@@ -107,3 +107,15 @@ def extract_answer(model, tokenizer, question: str, context: str) -> str:
         out = model(**enc)
     start, end = answer_span(out.start_logits[0], out.end_logits[0], enc.sequence_ids(0))
     return context[int(offsets[start, 0]):int(offsets[end, 1])]
+
+
+@pytest.fixture(params=["direct", "fft"])
+def mixer_path(request, monkeypatch) -> str:
+    """Runs a test once with the dense and FD mixers' short-sequence path (the Toeplitz matrix, for every length the
+    test uses) and once with the FFT path (for every length)."""
+    from modeling_tnn import mixer_base
+
+    monkeypatch.setattr(mixer_base, "DIRECT_MAX_LENGTH", 1 << 30 if request.param == "direct" else 0)
+    monkeypatch.setattr(mixer_base, "DIRECT_MAX_ENTRIES", 1 << 62)
+    monkeypatch.setattr(mixer_base, "DIRECT_MIN_BATCH_PER_TOKEN", 0.0)
+    return request.param

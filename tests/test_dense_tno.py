@@ -6,31 +6,18 @@ import pytest
 import torch
 
 from modeling_tnn.mixer_base import fft_convolve, fft_length
+from modeling_tnn.naive import toeplitz_matmul
 from modeling_tnn.tno_dense import DenseTno
 
 from conftest import tiny_config
 
 
-def dense_toeplitz(coeffs: torch.Tensor, n: int, causal: bool) -> torch.Tensor:
-    """T[c, i, j] = t_c(i - j), built entry by entry from the coefficients (lags 0.. or -(n-1)..)."""
-    offset = 0 if causal else n - 1
-    matrix = torch.zeros(coeffs.shape[1], n, n, dtype=coeffs.dtype)
-    for i in range(n):
-        for j in range(n):
-            lag = i - j
-            if causal and lag < 0:
-                continue
-            matrix[:, i, j] = coeffs[lag + offset]
-    return matrix
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n", [1, 7, 16, 37])
-def test_fft_product_equals_dense_matrix(causal, n):
+def test_product_equals_dense_matrix(causal, n, mixer_path):
     mixer = DenseTno(tiny_config(causal=causal), channels=5).double().eval()
     x = torch.randn(3, n, 5, dtype=torch.float64)
-    coeffs = mixer.coefficients(n, x.device)
-    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(coeffs, n, causal), x)
+    expected = toeplitz_matmul(x, mixer.coefficients(n, x.device), causal)
     torch.testing.assert_close(mixer(x), expected, atol=1e-10, rtol=0)
 
 
@@ -54,7 +41,7 @@ def test_fft_length_is_smooth_and_long_enough(n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_inputs_are_upcast(dtype):
+def test_half_precision_inputs_are_upcast(dtype, mixer_path):
     mixer = DenseTno(tiny_config(), channels=4).eval()
     x = torch.randn(2, 50, 4)
     y_half = mixer(x.to(dtype))
@@ -69,7 +56,7 @@ def test_float64_stays_float64():
     assert mixer(torch.randn(1, 9, 4, dtype=torch.float64)).dtype == torch.float64
 
 
-def test_eval_cache_reuses_and_invalidates(monkeypatch):
+def test_eval_cache_reuses_and_invalidates(monkeypatch, mixer_path):
     mixer = DenseTno(tiny_config(causal=True), channels=4)
     calls = []
     original = mixer.coefficients  # what both the training path and the memoised spectrum are computed from
@@ -117,12 +104,12 @@ def test_fft_convolve_gradients(n, fft_len, step, offset):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_gradients_equal_the_dense_matrix_product(causal):
-    """Input and RPE gradients through the FFT path equal autograd through the dense Toeplitz matrix."""
+def test_gradients_equal_the_dense_matrix_product(causal, mixer_path):
+    """Input and RPE gradients through either path equal autograd through the dense Toeplitz matrix."""
     mixer = DenseTno(tiny_config(causal=causal), channels=5).double()
     n = 23
     x = torch.randn(2, n, 5, dtype=torch.float64, requires_grad=True)
-    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(mixer.coefficients(n, x.device), n, causal), x)
+    expected = toeplitz_matmul(x, mixer.coefficients(n, x.device), causal)
     grad = torch.randn_like(expected)
     inputs = (x, *mixer.parameters())
     for got, want in zip(torch.autograd.grad(mixer(x), inputs, grad), torch.autograd.grad(expected, inputs, grad)):

@@ -203,7 +203,9 @@ def test_causal_lm_converts_loads_and_matches_the_reference_forward(tmp_path):
     expected = reference_lm_logits(state, IDS)
     for trust in (False, True):
         model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=trust).eval()
-        assert torch.equal(model.model.layers[1].glu.gate_proj.weight, state[LM + "layers.1.glu.l1.weight"])
+        gate, up = model.model.layers[1].glu.gate_up_proj.weight.chunk(2, dim=0)  # W1 (l1) first, W2 (l2) second
+        assert torch.equal(gate, state[LM + "layers.1.glu.l1.weight"])
+        assert torch.equal(up, state[LM + "layers.1.glu.l2.weight"])
         assert torch.equal(model.model.layers[0].gtu.o_proj.bias, state[LM + "layers.0.self_attn.gtu.o.bias"])
         assert model.lm_head.weight.data_ptr() == model.model.embeddings.weight.data_ptr()  # still tied
         with torch.no_grad():

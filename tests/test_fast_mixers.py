@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from modeling_tnn.naive import toeplitz_matmul
 from modeling_tnn.tno_fd import FdTno
 from modeling_tnn.tno_ski import SkiTno, interpolation_weights
 
 from conftest import tiny_config
-from test_dense_tno import dense_toeplitz
 
 
 def _fd(causal, kernel_length=16, channels=3):
@@ -47,7 +47,7 @@ def test_fd_bidirectional_spectrum_is_the_rpe_output_with_real_edges():
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize(("n", "kernel_length"), [(1, 16), (5, 16), (16, 16), (17, 16), (37, 16), (70, 16),
                                                   (100, 16), (250, 16), (100, 12), (61, 6), (100, 6)])
-def test_fd_is_a_toeplitz_product_with_its_fixed_kernel(causal, n, kernel_length):
+def test_fd_is_a_toeplitz_product_with_its_fixed_kernel(causal, n, kernel_length, mixer_path):
     """Every input length uses the same kernel: lags up to the grid's half, zero beyond. Inputs several times the
     grid go through overlap-save blocks, which must stay exact."""
     mixer = _fd(causal, kernel_length)
@@ -58,23 +58,24 @@ def test_fd_is_a_toeplitz_product_with_its_fixed_kernel(causal, n, kernel_length
     coeffs = torch.stack([kernel[k + offset] if abs(k) <= half else torch.zeros(3, dtype=torch.float64)
                           for k in lags.tolist()])
     x = torch.randn(2, n, 3, dtype=torch.float64)
-    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(coeffs, n, causal), x)
+    expected = toeplitz_matmul(x, coeffs, causal)
     torch.testing.assert_close(mixer(x), expected, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_fd_gradients_equal_the_dense_matrix_product(causal):
-    """Through overlap-save blocks too (n several times the grid), input and RPE gradients are exact."""
+def test_fd_gradients_equal_the_dense_matrix_product(causal, mixer_path):
+    """Through overlap-save blocks too (n several times the grid), or the direct product, input and RPE gradients
+    are exact."""
     mixer = _fd(causal, kernel_length=6).train()
     n = 100
-    assert mixer.plan(n)[1] is not None  # overlap-save blocks
+    assert mixer.plan(n)[1] is not None  # overlap-save blocks on the FFT path
     x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
     kernel = mixer.kernel(torch.device("cpu"))
     half = mixer.grid // 2
     lags = torch.arange(0, n) if causal else torch.arange(-(n - 1), n)
     offset = 0 if causal else half
     coeffs = torch.stack([kernel[k + offset] if abs(k) <= half else kernel.new_zeros(3) for k in lags.tolist()])
-    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(coeffs, n, causal), x)
+    expected = toeplitz_matmul(x, coeffs, causal)
     grad = torch.randn_like(expected)
     inputs = (x, *mixer.parameters())
     for got, want in zip(torch.autograd.grad(mixer(x), inputs, grad), torch.autograd.grad(expected, inputs, grad)):
@@ -108,7 +109,7 @@ def test_ski_full_rank_low_rank_part_is_the_exact_toeplitz_product(n):
     x = torch.randn(2, n, 3, dtype=torch.float64)
     lags = torch.arange(-(n - 1), n)
     coeffs = mixer.rpe(lags) * (mixer.gamma ** lags.abs().double())[:, None]
-    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(coeffs, n, causal=False), x)
+    expected = toeplitz_matmul(x, coeffs, False)
     torch.testing.assert_close(mixer.low_rank(x, None), expected, atol=1e-8, rtol=0)
 
 
@@ -164,3 +165,15 @@ def test_ski_shared_inducing_kernel_gradients_equal_per_row():
     for index, value in enumerate(together):
         torch.testing.assert_close(value, sum(row[index] for row in rows), atol=1e-10, rtol=1e-8)
     assert torch.autograd.gradcheck(lambda a: mixer(a), (x,), fast_mode=True)
+
+
+@pytest.mark.parametrize(("batch", "n", "kernel_size"), [(3, 40, 5), (2, 3, 7), (1, 200, 17)])
+def test_ski_band_weight_gradient_by_offset_equals_the_blocked_loop(batch, n, kernel_size):
+    """The accelerator form of the band's weight gradient (one product per offset over the whole batch) against the
+    CPU's cache-blocked loop."""
+    from modeling_tnn.tno_ski import _band_weight_grad, _band_weight_grad_by_offset
+
+    x = torch.randn(batch, n, 6, dtype=torch.float64)
+    grad = torch.randn(batch, n, 6, dtype=torch.float64)
+    torch.testing.assert_close(_band_weight_grad_by_offset(grad, x, kernel_size),
+                               _band_weight_grad(grad, x, kernel_size), atol=1e-12, rtol=1e-12)

@@ -10,20 +10,15 @@ from modeling_tnn.mixer_base import fft_convolve
 from modeling_tnn.tno_dense import DenseTno
 from modeling_tnn.tno_fd import FdTno
 
+from modeling_tnn.naive import direct_convolution, toeplitz_matrix
+
 from conftest import saved_bytes, tiny_config
-from test_dense_tno import dense_toeplitz
 
 
-def direct_convolution(x: torch.Tensor, taps: torch.Tensor, lag0: int) -> torch.Tensor:
-    """``y[:, i] = sum_r taps[r] x[:, i - (r - lag0)]`` over the positions inside the sequence, by loops."""
-    n = x.shape[1]
-    y = torch.zeros_like(x)
-    for r in range(taps.shape[0]):
-        lag = r - lag0
-        for i in range(n):
-            if 0 <= i - lag < n:
-                y[:, i] += taps[r] * x[:, i - lag]
-    return y
+@pytest.fixture(autouse=True)
+def _fft_path(monkeypatch):
+    """The mixers here take their FFT path at every length (their short-sequence path is tested elsewhere)."""
+    monkeypatch.setattr(mixer_base, "DIRECT_MAX_LENGTH", 0)
 
 
 # (n, fft_len, step, offset, rows, lag0): single blocks (causal and two-sided kernels) and overlap-save blocks whose
@@ -93,7 +88,7 @@ def test_dense_mixer_gradients_in_both_modes(causal, recompute):
     mixer.recompute_spectra = recompute
     n = 19
     x = torch.randn(2, n, 5, dtype=torch.float64, requires_grad=True)
-    expected = torch.einsum("cij,bjc->bic", dense_toeplitz(mixer.coefficients(n, x.device), n, causal), x)
+    expected = torch.einsum("cij,bjc->bic", toeplitz_matrix(mixer.coefficients(n, x.device), n, causal), x)
     grad = torch.randn_like(expected)
     wanted = torch.autograd.grad(expected, [x, *mixer.parameters()], grad)
     got = torch.autograd.grad(mixer(x), [x, *mixer.parameters()], grad)

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ...configuration_tnn import TnnConfig
-from ...modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel
+from ...modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel, fuse_projections, split_projections
 from .checkpoint import (
     BACKBONE_PREFIX,
     CAUSAL_LM,
@@ -51,7 +51,8 @@ from .checkpoint import (
 )
 
 # Our parameter name (a regex) -> the fairseq name (a template; `{B}` is the backbone prefix). Every parameter of
-# TnnForCausalLM / TnnForMaskedLM matches exactly one rule of its kind.
+# TnnForCausalLM / TnnForMaskedLM, in the layout checkpoints are saved in (the GTU's and GLU's fused input
+# projections split in two, modeling_tnn.split_projections), matches exactly one rule of its kind.
 _BLOCK_RULES = [
     (r"model\.embeddings\.weight", "{B}embed_tokens.weight"),
     (r"model\.embedding_norm\.(weight|bias)", r"{B}layernorm_embedding.\1"),
@@ -107,14 +108,14 @@ def fairseq_name(our_name: str, kind: str) -> str:
 
 def map_state_dict(state_dict: Mapping[str, torch.Tensor], model: TnnPreTrainedModel, kind: str,
                    use_decay: bool) -> dict[str, torch.Tensor]:
-    """Our state dict from the fairseq one, for ``model`` (built from the checkpoint's config); with ``use_decay``
+    """Our state dict (in the saved layout: projections split) from the fairseq one, for ``model`` (built from the checkpoint's config); with ``use_decay``
     every layer must hold its fixed ``toep.gamma`` (its values are checked by :func:`decay_gamma`).
 
     Raises one ``ValueError`` naming every unknown key and every missing one, then one naming every shape mismatch
     (the fairseq key, its shape, our key and the shape the sizes give).
     """
     prefix = BACKBONE_PREFIX[kind]
-    ours = model.state_dict()
+    ours = split_projections(model.state_dict())
     tied = bool(model.config.tie_word_embeddings)
     output_key = OUTPUT_EMBEDDING[kind]
     expected = {fairseq_name(name, kind): name for name in ours}
@@ -210,7 +211,7 @@ def convert_fairseq_checkpoint(checkpoint_path: str | Path, output_dir: str | Pa
     model_class = TnnForCausalLM if kind == CAUSAL_LM else TnnForMaskedLM
     model = model_class(config)
     mapped = map_state_dict(state_dict, model, kind, use_decay=bool(args.get("use_decay", False)))
-    model.load_state_dict({k: v.to(torch.float32) for k, v in mapped.items()}, strict=True)
+    model.load_state_dict(fuse_projections({k: v.to(torch.float32) for k, v in mapped.items()}), strict=True)
     model.eval()
     tokenizer = None
     if dictionary_path is not None:

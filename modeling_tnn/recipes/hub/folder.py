@@ -114,13 +114,17 @@ def _check_weights_match_package(info: RunInfo) -> None:
 
     import modeling_tnn
 
+    from modeling_tnn.modeling_tnn import split_projections
+
     model = getattr(modeling_tnn, info.architecture)(modeling_tnn.TnnConfig.from_dict(info.config))
-    expected = set(model.state_dict())
     saved: set[str] = set()
     for name in info.weight_files:
         if name.endswith(".safetensors"):
             with safe_open(str(info.path / name), "pt") as handle:
                 saved.update(handle.keys())
+    # Weights load in either layout: the fused projections, or split as save_pretrained writes them.
+    layouts = [set(model.state_dict()), set(split_projections(model.state_dict()))]
+    expected = min(layouts, key=lambda keys: len(keys ^ saved))
     tied = {key for key in expected - saved if key.endswith(("lm_head.weight", "decoder.weight"))}
     if (expected - saved - tied) or (saved - expected):
         raise PublishError(f"the weights in {info.path} do not match the installed modeling_tnn code (missing "

@@ -101,6 +101,8 @@ class TrainingLoopArguments:
     fsdp: bool = flag(False, "shard the model and optimizer over the processes with FSDP2 (each TnnBlock a unit): "
                       "Accelerate's FSDP plugin on GPUs, torch's fully_shard over gloo on CPU processes; also on "
                       "when `accelerate launch --use_fsdp` says so", action="store_true")
+    torch_compile: bool = flag(False, "compile the model with torch.compile (inductor) through Accelerate's dynamo "
+                               "backend", action="store_true")
 
     def check(self) -> None:
         """Raise :class:`UsageError` for loop flags that cannot work."""

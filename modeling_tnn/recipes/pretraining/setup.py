@@ -201,7 +201,8 @@ def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | Non
     accelerator = Accelerator(cpu=world_size > 1 and not has_device,
                               gradient_accumulation_steps=loop.gradient_accumulation_steps,
                               mixed_precision=loop.mixed_precision, log_with=trackers or None,
-                              project_dir=out.output_dir, fsdp_plugin=fsdp_plugin() if loop.fsdp else None)
+                              project_dir=out.output_dir, fsdp_plugin=fsdp_plugin() if loop.fsdp else None,
+                              dynamo_backend="inductor" if loop.torch_compile else None)
     refuse_ignored_deepspeed(accelerator)
     sharded = fsdp_requested(loop.fsdp, accelerator)
     # Our own progress lines at INFO on the main process; other libraries' chatter only from WARNING up.
