@@ -17,7 +17,7 @@ from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
 # 37 tokens: FFT sizes that are not powers of two (fft_length(37) = 75), which cuFFT cannot run in half precision.
 LENGTH = 37
 # The projections of each block: GTU's u/v/o and the GLU's; autocast should run them in low precision.
-PROJECTIONS = ("u_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("uv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 @pytest.fixture(autouse=True)
@@ -80,6 +80,15 @@ def assert_low_precision_projections_and_float32_ffts(seen, outputs, low: torch.
         assert seen["_fft_r2c"] == {torch.float32} and seen["_fft_c2r"] == {torch.complex64}, dict(seen)
     else:
         assert not any(op.startswith("_fft") for op in seen)
+
+
+def assert_float32_token_mixing(seen, path: str) -> None:
+    """The mixer ran in float32 on the path it took: the FFTs, or the short-sequence Toeplitz product (the only
+    ``bmm`` of a block: the projections are 2-D matrix products; FD's kernel is still built by FFTs there)."""
+    if path == "direct":
+        assert seen["bmm"] == {torch.float32}, dict(seen)
+    if path == "fft" or "_fft_r2c" in seen:
+        assert seen["_fft_r2c"] == {torch.float32} and seen["_fft_c2r"] == {torch.complex64}, dict(seen)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)

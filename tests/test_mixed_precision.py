@@ -12,7 +12,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from test_device import assert_low_precision_projections_and_float32_ffts, observed_dtypes
+from test_device import assert_float32_token_mixing, assert_low_precision_projections_and_float32_ffts, observed_dtypes
 from test_training import TINY
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
@@ -24,14 +24,16 @@ from conftest import tiny_config
 
 
 @pytest.mark.parametrize("mixer", ["dense", "fd"])
-def test_bf16_flag_runs_projections_in_bf16_and_ffts_in_float32(tmp_path, mixer):
+def test_bf16_flag_runs_projections_in_bf16_and_ffts_in_float32(tmp_path, mixer, mixer_path):
     args = lm_arguments.parse_args("clm", TINY + ["--mixed_precision", "bf16", "--config_overrides",
                                                   f"token_mixer={mixer}", "--output_dir", str(tmp_path)])
     session = lm_setup.setup(args, "clm")
     batch = next(iter(session.train_dataloader))
     # No autocast of our own: what runs in bf16 is what the prepared model's forward does.
     seen, outputs, loss = observed_dtypes(session.model, session.build_inputs(batch), autocast_dtype=None)
-    assert_low_precision_projections_and_float32_ffts(seen, outputs, torch.bfloat16, uses_fft=True)
+    assert_low_precision_projections_and_float32_ffts(seen, outputs, torch.bfloat16, uses_fft=mixer_path == "fft"
+                                                      or mixer == "fd")
+    assert_float32_token_mixing(seen, mixer_path)
     assert torch.isfinite(loss)
 
 
