@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import warnings
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -104,18 +103,22 @@ class DecodePlan:
         return (self.kind, self.capacity, self.period, self.closed, self.horizon, self.modes, self.error_bound)
 
 
-# The last tail fitted eagerly for each mixer: under torch.export / torch.compile the parameters are fake (nothing to
-# fit), so a traced decode uses that fit, or the exact window when there is none.
-_EAGER_TAILS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The last tail fitted eagerly is kept on the mixer (this attribute): under torch.export / torch.compile the parameters
+# are fake (nothing to fit), so a traced decode uses that fit, or the exact window when there is none. An attribute of
+# the module, not a module-level weak dictionary: dynamo guards on what it reads, and a guard on a weak dictionary's
+# keys breaks once another model is garbage-collected.
+EAGER_TAILS_ATTRIBUTE = "_eager_modal_tails"
 
 
 def modal_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail | None:
     """The mixer's fitted tail, once per set of weights (memoised like its kernel constants); under tracing the last
     eager fit (None if there was none)."""
     if tracing():
-        return _EAGER_TAILS.get(mixer, {}).get((tolerance, device))
+        return getattr(mixer, EAGER_TAILS_ATTRIBUTE, {}).get((tolerance, device))
     tail = mixer.cached(("modal tail", tolerance, device), lambda: compact_tail(mixer, tolerance, device))
-    _EAGER_TAILS.setdefault(mixer, {})[(tolerance, device)] = tail
+    if not hasattr(mixer, EAGER_TAILS_ATTRIBUTE):
+        object.__setattr__(mixer, EAGER_TAILS_ATTRIBUTE, {})  # plain attribute: not a submodule, not state
+    getattr(mixer, EAGER_TAILS_ATTRIBUTE)[(tolerance, device)] = tail
     return tail
 
 
