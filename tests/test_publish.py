@@ -286,12 +286,13 @@ def test_card_parses_back_and_its_model_index_equals_the_results_file(runs, publ
     if name == "clm":
         assert data.datasets == ["Salesforce/wikitext"]
         assert {r.dataset_config for r in data.eval_results} == {"wikitext-2-raw-v1"}
-        # the generation limitation follows the shipped code and config: a decaying dense kernel decodes exactly
-        # with the default cache (no ETSC horizon to warn about)
+        # the generation limitation follows the shipped code and config: a decaying dense kernel decodes with the
+        # certified compact state or the exact window under the default cache (no ETSC horizon to warn about)
         has_cache = any("etsc_length" in p.read_text() for p in paths[name].glob("*.py")
                         if p.name != "configuration_tnn.py")
         assert has_cache
-        assert "window of past mixer inputs per layer over the decaying kernel's float32 support" in card.text
+        assert "compact state" in card.text and "`compact_tolerance` = 1e-05" in card.text
+        assert "exact window over the kernel's float32 support" in card.text
         assert "repeats with period" not in card.text
         assert "no recurrent generation cache" not in card.text
     if name == "mlm":

@@ -273,6 +273,15 @@ def _generation_limitation(config: dict, code_files: Sequence[Path]) -> str:
     if mixer == "fd":
         return ("`model.generate` keeps a ring buffer of the last `fd_kernel_length` + 1 mixer inputs per layer (FD's "
                 "kernel support): exact at every length in constant memory.")
+    compact_aware = any("compact_tolerance" in p.read_text() for p in code_files)
+    if decays and compact_aware and mode in ("auto", "compact"):
+        tolerance = config.get("compact_tolerance", 1e-5)
+        return ("`model.generate` decodes each layer from a compact state (a short exact window of past mixer inputs "
+                "and a few complex modes per channel for the kernel's tail) where the layer's certified bound of the "
+                f"relative l1 error of its kernel is at most `compact_tolerance` = {_fmt(tolerance)}, else from an "
+                "exact window over the kernel's float32 support; constant time and memory per token. The first "
+                "`generate` after loading fits the modes once (seconds to a minute on a CPU); load with "
+                "`generation_cache=\"exact\"` to skip it and decode exactly.")
     if has_support:
         return ("`model.generate` keeps a window of past mixer inputs per layer over the decaying kernel's float32 "
                 "support (the lags after which it falls below float32 resolution, computed from the weights): exact "
