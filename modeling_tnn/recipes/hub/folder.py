@@ -11,7 +11,7 @@ from typing import Any
 
 from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (every Auto class a TNN folder can expose)
 
-from ..common.run_files import CONFIG_FILE, TOKENIZER_FILES, WEIGHT_FILE, WEIGHT_INDEX
+from ..common.run_files import TOKENIZER_FILES, WEIGHT_FILE, WEIGHT_INDEX
 from .model_card import PLOTS_DIR, CardOptions, build_card, shipped_auto_map, usage_snippet, write_plots
 from .run_inspection import PublishError, RunInfo, eval_results_from_run
 
