@@ -239,8 +239,9 @@ def cli_main(task: str, argv: list[str] | None = None) -> None:
     try:
         train(session)
     except TrainingInterrupted as stop:
-        print(f"{script}: stopped by {stop.signal_name} at step {stop.step}; saved checkpoint {stop.checkpoint}; "
-              f"resume with --resume_from_checkpoint {stop.checkpoint}", file=sys.stderr)
+        if session.accelerator.is_main_process:  # every rank stops and exits; one line tells the user how to resume
+            print(f"{script}: stopped by {stop.signal_name} at step {stop.step}; saved checkpoint {stop.checkpoint}; "
+                  f"resume with --resume_from_checkpoint {stop.checkpoint}", file=sys.stderr)
         raise SystemExit(stop.exit_code) from None
     except KeyboardInterrupt:
         latest = find_latest_checkpoint(args.run.output_dir)
