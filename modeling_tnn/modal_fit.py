@@ -167,7 +167,8 @@ def fit_residues(samples: torch.Tensor, poles: torch.Tensor, used: torch.Tensor 
     zero = torch.stack([unused, unused | (poles.imag == 0)], dim=-1).reshape(channels, 2 * modes)
     basis = torch.cat([basis, torch.diag_embed(zero.to(basis.dtype))], dim=1)
     target = torch.nn.functional.pad(samples, (0, 2 * modes))[..., None]
-    solution = torch.linalg.lstsq(basis, target, driver="gels").solution[..., 0].reshape(channels, modes, 2)
+    solution = torch.linalg.lstsq(basis, target, driver="gels").solution[..., 0]
+    solution = solution.masked_fill(zero, 0).reshape(channels, modes, 2)  # pinned: zero up to rounding, made exact
     return torch.complex(solution[..., 0], -solution[..., 1])
 
 
