@@ -122,6 +122,7 @@ def hankel_poles(samples: torch.Tensor, rank: int, power_steps: int = 1) -> tupl
     shifted = dominant[:, :-1].mT @ dominant[:, 1:]
     shift = shifted + last @ (last.mT @ shifted) / (1 - last.mT @ last)
     poles = torch.linalg.eigvals(shift)
+    poles = torch.where(poles.isfinite(), poles, torch.full_like(poles, 0.5))  # a degenerate shift: the bound says
     real = poles.imag.abs() <= 1e-9 * poles.abs().clamp(min=1e-300)
     poles = torch.where(real, poles.real.to(poles.dtype), poles)
     keep = real | (poles.imag > 0)
