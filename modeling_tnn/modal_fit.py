@@ -29,8 +29,8 @@ from torch.func import functional_call
 from .mixer_base import smooth_size
 from .tno_dense import DenseTno
 
-# Lags of the kernel and of the modes evaluated at once (a chunk of (lags, channels, modes) complex128 products).
-EVAL_CHUNK = 256
+# Columns of the randomised subspace iteration beyond the realisation's rank.
+SKETCH_OVERSAMPLING = 16
 # Beyond this lag the bound is closed-form whatever the decay (an upper limit on the float64 work).
 MAX_EXACT_LAGS = 1 << 16
 # The closed-form part of the bound is pushed below this fraction of the tolerance it serves.
@@ -78,21 +78,26 @@ def rpe_supremum(mixer: DenseTno) -> torch.Tensor:
     return math.sqrt(weight.shape[1]) * weight.norm(dim=1) + bias
 
 
-def hankel_product(spectrum: torch.Tensor, x: torch.Tensor, fft_len: int) -> torch.Tensor:
-    """``H x`` for each channel's square Hankel matrix ``H[i, j] = f[i + j]`` (n x n), ``x`` (c, n, k): the
-    convolution of ``f`` (given as its rfft ``spectrum`` (c, F) of length ``fft_len >= 2n``) with ``x`` reversed,
-    read at lags ``n-1 .. 2n-2`` (the circular wrap stays below them)."""
-    n = x.shape[1]
-    columns = x.mT.flip(-1).contiguous()                       # (c, k, n): the FFTs run along contiguous rows
-    product = spectrum[:, None] * torch.fft.rfft(columns, n=fft_len, dim=-1)
-    return torch.fft.irfft(product, n=fft_len, dim=-1)[..., n - 1: 2 * n - 1].mT
+def hankel_product(spectrum: torch.Tensor, rows: torch.Tensor, fft_len: int) -> torch.Tensor:
+    """``(H x)^T`` for each channel's square Hankel matrix ``H[i, j] = f[i + j]`` (n x n) and the vectors ``x`` given
+    as ``rows`` (c, k, n) or shared by every channel (k, n): the cross-correlation of ``f`` (given as its rfft
+    ``spectrum`` (c, F) of length ``fft_len >= 2n - 1``) with ``x``, read at lags ``0 .. n-1`` (below the circular
+    wrap). Returns (c, k, n): the FFTs run along contiguous rows."""
+    n = rows.shape[-1]
+    product = torch.fft.rfft(rows, n=fft_len, dim=-1).conj_physical_()
+    if rows.dim() == 2:
+        product = spectrum[:, None] * product
+    else:
+        product *= spectrum[:, None]
+    return torch.fft.irfft(product, n=fft_len, dim=-1)[..., :n]
 
 
 def hankel_poles(samples: torch.Tensor, rank: int, power_steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``(poles, used)`` (channels, modes): complex128 poles of ``samples[c, k] ~ Re(sum_j c_j z_j**k)`` and which of
     them a channel uses, from the float64 ``samples`` (channels, 2n - 1): the eigenvalues of the shift on the
     rank-``rank`` dominant subspace of each channel's square Hankel matrix (Kung's realisation; the Hankel matrix is
-    symmetric, so a randomised subspace iteration with FFT products finds it without forming it).
+    symmetric, so a randomised subspace iteration with FFT products finds it without forming it; one Gaussian sketch
+    serves every channel, so the first product transforms it once).
 
     A real signal's poles are real or come in conjugate pairs, and ``Re(c z**k)`` covers both of a pair: only the
     real and upper-half poles are kept (``modes`` = the most any channel keeps, at most ``rank``; a channel that keeps
@@ -100,17 +105,24 @@ def hankel_poles(samples: torch.Tensor, rank: int, power_steps: int = 1) -> tupl
     (the bound says what that costs)."""
     channels, length = samples.shape
     n = (length + 1) // 2
-    fft_len = smooth_size(2 * n)
+    fft_len = smooth_size(2 * n - 1)
     spectrum = torch.fft.rfft(samples[:, : 2 * n - 1], n=fft_len, dim=1)
     generator = torch.Generator(device=samples.device).manual_seed(0)
-    basis = torch.randn(channels, n, rank + 16, dtype=samples.dtype, device=samples.device, generator=generator)
+    rows = torch.randn(rank + SKETCH_OVERSAMPLING, n, dtype=samples.dtype, device=samples.device,
+                       generator=generator)
     for _ in range(power_steps + 1):
-        basis = torch.linalg.qr(hankel_product(spectrum, basis, fft_len)).Q
-    projected = basis.mT @ hankel_product(spectrum, basis, fft_len)                  # (c, k, k), symmetric
+        rows = torch.linalg.qr(hankel_product(spectrum, rows, fft_len).mT).Q.mT      # (c, k, n), orthonormal rows
+    projected = rows @ hankel_product(spectrum, rows, fft_len).mT                     # (c, k, k), symmetric
     values, vectors = torch.linalg.eigh((projected + projected.mT) / 2)
     top = values.abs().argsort(dim=1, descending=True)[:, :rank]
-    dominant = basis @ vectors.gather(2, top[:, None, :].expand(-1, vectors.shape[1], -1))  # (c, n, rank)
-    poles = torch.linalg.eigvals(torch.linalg.pinv(dominant[:, :-1]) @ dominant[:, 1:])
+    dominant = rows.mT @ vectors.gather(2, top[:, None, :].expand(-1, vectors.shape[1], -1))  # (c, n, rank)
+    # The shift on the subspace, pinv(D[:-1]) D[1:]: D's columns are orthonormal, so D[:-1]^T D[:-1] = I - u u^T
+    # with u = D[-1] (small: the tail has decayed there), inverted by Sherman-Morrison.
+    last = dominant[:, -1:, :].mT                                                        # (c, rank, 1)
+    shifted = dominant[:, :-1].mT @ dominant[:, 1:]
+    shift = shifted + last @ (last.mT @ shifted) / (1 - last.mT @ last)
+    poles = torch.linalg.eigvals(shift)
+    poles = torch.where(poles.isfinite(), poles, torch.full_like(poles, 0.5))  # a degenerate shift: the bound says
     real = poles.imag.abs() <= 1e-9 * poles.abs().clamp(min=1e-300)
     poles = torch.where(real, poles.real.to(poles.dtype), poles)
     keep = real | (poles.imag > 0)
@@ -123,24 +135,58 @@ def hankel_poles(samples: torch.Tensor, rank: int, power_steps: int = 1) -> tupl
     return poles, keep
 
 
+def power_grid(poles: torch.Tensor, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(coarse, fine)`` with ``z**(start + m B + b) = coarse[:, m] * fine[:, b]`` for the ``count`` powers from
+    ``start`` on: ``fine`` (channels, B, modes) holds ``z**b`` for ``b < B``, ``coarse`` (channels, M, modes)
+    ``z**(start + m B)``, with ``B ~ sqrt(count)`` and ``M B >= count``. Every power is one ``exp`` of the float
+    logarithm, as exact as a direct evaluation, at ``B + M`` evaluations instead of ``count``."""
+    block = max(1, math.isqrt(count))
+    blocks = -(-count // block)
+    log = torch.log(poles)[:, None, :]
+    real = poles.real.dtype
+    fine = torch.exp(torch.arange(block, device=poles.device, dtype=real)[:, None] * log)
+    coarse = torch.exp((start + block * torch.arange(blocks, device=poles.device, dtype=real))[:, None] * log)
+    return coarse, fine
+
+
 def fit_residues(samples: torch.Tensor, poles: torch.Tensor, used: torch.Tensor | None = None) -> torch.Tensor:
     """The residues (channels, modes) complex128 minimising ``||samples - Re(sum_j c_j z_j**k)||_2`` per channel:
-    real least squares on the columns ``Re z**k`` and ``-Im z**k`` (rank-deficient for real poles, hence gelsd's
-    minimum-norm solution); modes where ``used`` is False get zero columns, hence zero residues."""
+    real least squares on the columns ``Re z**k`` and ``Im z**k`` (``Re(c v) = Re c Re v - Im c Im v``); modes where
+    ``used`` is False get zero residues.
+
+    A real pole's ``Im z**k`` column is zero (as are both columns of an unused mode): for each such column one extra
+    row pins its coefficient to zero, which changes nothing else (the column is zero on every other row) and leaves a
+    full-rank problem for a plain QR solve (gels) instead of an SVD."""
+    channels, count = samples.shape
     modes = poles.shape[1]
-    lags = torch.arange(samples.shape[1], device=samples.device, dtype=torch.float64)
-    vandermonde = torch.exp(lags[None, :, None] * torch.log(poles)[:, None, :])        # (c, N, r)
+    coarse, fine = power_grid(poles, 0, count)
     if used is not None:
-        vandermonde = vandermonde * used[:, None, :]
-    real_basis = torch.cat([vandermonde.real, -vandermonde.imag], dim=-1)
-    solution = torch.linalg.lstsq(real_basis, samples[..., None], driver="gelsd").solution[..., 0]
-    return torch.complex(solution[:, :modes], solution[:, modes:])
+        coarse = coarse * used[:, None, :]
+    vandermonde = (coarse[:, :, None] * fine[:, None]).reshape(channels, -1, modes)[:, :count]      # (c, N, r)
+    basis = torch.view_as_real(vandermonde).reshape(channels, count, 2 * modes)     # columns Re, Im per mode
+    unused = torch.zeros_like(poles.real, dtype=torch.bool) if used is None else ~used
+    zero = torch.stack([unused, unused | (poles.imag == 0)], dim=-1).reshape(channels, 2 * modes)
+    basis = torch.cat([basis, torch.diag_embed(zero.to(basis.dtype))], dim=1)
+    target = torch.nn.functional.pad(samples, (0, 2 * modes))[..., None]
+    solution = torch.linalg.lstsq(basis, target, driver="gels").solution[..., 0]
+    solution = solution.masked_fill(zero, 0).reshape(channels, modes, 2)  # pinned: zero up to rounding, made exact
+    return torch.complex(solution[..., 0], -solution[..., 1])
+
+
+def modal_values(poles: torch.Tensor, residues: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """``Re(sum_j residues z_j**m)`` for ``m = start .. start + count - 1``, (channels, count), in the dtype of
+    ``poles``: per channel one product of the residue-weighted coarse powers with the fine ones
+    (:func:`power_grid`)."""
+    coarse, fine = power_grid(poles, start, count)
+    values = (coarse * residues[:, None]) @ fine.mT                                     # (c, M, B)
+    return values.real.reshape(poles.shape[0], -1)[:, :count]
 
 
 def modal_taps(poles: torch.Tensor, residues: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``Re(sum_j residues z_j**m)`` at offsets ``m`` (L,), (L, channels), in the dtype of ``poles``."""
-    powers = torch.exp(offsets.to(poles.real.dtype)[:, None, None] * torch.log(poles)[None])
-    return (powers * residues[None]).sum(-1).real
+    """``Re(sum_j residues z_j**m)`` at non-negative integer offsets ``m`` (L,), (L, channels), in the dtype of
+    ``poles``."""
+    first, last = int(offsets.min()), int(offsets.max())
+    return modal_values(poles, residues, first, last - first + 1)[:, offsets.to(torch.long) - first].t()
 
 
 def exact_horizon(mixer: DenseTno, supremum: torch.Tensor, l1_floor: torch.Tensor, tolerance: float) -> int:
@@ -168,11 +214,7 @@ def certified_bound(mixer: DenseTno, poles: torch.Tensor, residues: torch.Tensor
         more = float64_taps(mixer, torch.arange(taps.shape[0], horizon, device=device))
         taps = torch.cat([taps, more if channels is None else more[:, channels]])
     horizon = max(horizon, window)
-    error = torch.zeros(taps.shape[1], dtype=torch.float64, device=device)
-    for start in range(window, horizon, EVAL_CHUNK):
-        stop = min(horizon, start + EVAL_CHUNK)
-        offsets = torch.arange(start - window, stop - window, device=device)
-        error += (taps[start:stop] - modal_taps(poles, residues, offsets)).abs().sum(0)
+    error = (taps[window:horizon].t() - modal_values(poles, residues, 0, horizon - window)).abs().sum(1)
     l1 = taps[:horizon].abs().sum(0)
     kernel_beyond = supremum * mixer.gamma**horizon / (1 - mixer.gamma)
     magnitude = poles.abs()
@@ -181,20 +223,26 @@ def certified_bound(mixer: DenseTno, poles: torch.Tensor, residues: torch.Tensor
 
 
 def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, device: torch.device,
-                   channels: torch.Tensor | None = None, span: int = 1200) -> ModalTail:
+                   channels: torch.Tensor | None = None, taps: torch.Tensor | None = None, pole_span: int = 1200,
+                   residue_span: int | None = None, power_steps: int = 1) -> ModalTail:
     """Fit the tail ``k >= window`` of ``mixer``'s causal kernel (its ``channels``, all by default) with the real and
-    upper-half poles of a rank-``rank`` realisation (:func:`hankel_poles`, float64, lags ``window .. window +
-    span``), residues by least squares over the lags where ``gamma**k`` exceeds 2**-30, round them to complex64 and
-    certify them (:func:`certified_bound`)."""
+    upper-half poles of a rank-``rank`` realisation (:func:`hankel_poles` with ``power_steps``, float64, tail lags
+    ``0 .. pole_span``), residues by least squares over tail lags ``0 .. residue_span`` (by default the lags where
+    ``gamma**k`` exceeds 2**-30), round them to complex64 and certify them over every lag
+    (:func:`certified_bound`). ``taps``: the float64 kernel of all channels on lags ``0 .. n-1`` if already
+    evaluated (more are evaluated as needed)."""
     if not mixer.gamma < 1:
         raise ValueError(f"A modal tail needs a decaying kernel (decay_gamma < 1), got decay_gamma={mixer.gamma}.")
-    reach = min(MAX_EXACT_LAGS, max(span, math.ceil(math.log(2.0**-30) / math.log(mixer.gamma))))
-    taps = float64_taps(mixer, torch.arange(window + reach, device=device))
+    if residue_span is None:
+        residue_span = residue_reach(mixer)
+    needed = window + max(pole_span, residue_span)
+    if taps is None or taps.shape[0] < needed:
+        taps = float64_taps(mixer, torch.arange(needed, device=device))
     if channels is not None:
         taps = taps[:, channels]
-    samples = taps[window:].t().contiguous()
-    poles, used = hankel_poles(samples[:, :span], rank)
-    residues = fit_residues(samples, poles, used)
+    samples = taps[window:needed].t().contiguous()
+    poles, used = hankel_poles(samples[:, :pole_span], rank, power_steps)
+    residues = fit_residues(samples[:, :residue_span], poles, used)
     poles, residues = poles.to(torch.complex64), residues.to(torch.complex64)
     inside = poles.abs() < 1
     if not bool(inside.all()):  # rounding put a pole on the circle: pull it back inside
@@ -204,24 +252,47 @@ def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, de
     return ModalTail(window=window, poles=poles, residues=residues, bound=bound)
 
 
-# The fits tried, in order, on the channels whose bound still exceeds the tolerance: (window, realisation rank),
-# chosen on the benchmark model (dense small preset, hidden 256, gamma 0.99; docs/compact-decoding.md).
-FIT_LADDER = ((32, 32), (32, 48), (64, 48), (96, 64))
+def residue_reach(mixer: DenseTno) -> int:
+    """The tail lags over which the residues are fitted by default: those where ``gamma**k`` exceeds 2**-30."""
+    return min(MAX_EXACT_LAGS, math.ceil(math.log(2.0**-30) / math.log(mixer.gamma)))
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One fit of the ladder: its window, realisation rank, and the effort of :func:`fit_modal_tail` (tail lags for
+    the poles, for the residues (None: the default reach), power steps)."""
+
+    window: int
+    rank: int
+    pole_span: int = 1200
+    residue_span: int | None = None
+    power_steps: int = 1
+
+
+# The fits tried, in order, on the channels whose bound still exceeds the tolerance, chosen by measurement on the
+# benchmark model (dense small preset, hidden 256, gamma 0.99; docs/compact-decoding.md). The first runs on every
+# channel, so it is the cheap one (half the lags, no power step); the few channels it leaves uncertified get the
+# careful fit at the same size, then larger ones.
+FIT_LADDER = (Rung(32, 32, pole_span=800, residue_span=800, power_steps=0), Rung(32, 32), Rung(32, 48),
+              Rung(64, 48), Rung(96, 64))
 
 
 def compact_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail:
     """The modal tail decoding uses: the fits of ``FIT_LADDER`` in turn, each on the channels not yet certified,
     every channel keeping its smallest bound, until all meet ``tolerance`` or the ladder ends."""
-    best = fit_modal_tail(mixer, *FIT_LADDER[0], tolerance, device)
-    for window, rank in FIT_LADDER[1:]:
-        failing = (best.bound > tolerance).nonzero()[:, 0]
-        if len(failing) == 0:
+    reach = residue_reach(mixer)
+    longest = max(rung.window + max(rung.pole_span, rung.residue_span or reach) for rung in FIT_LADDER)
+    taps = float64_taps(mixer, torch.arange(longest, device=device))  # every rung's samples, once
+    best = None
+    for rung in FIT_LADDER:
+        failing = None if best is None else (best.bound > tolerance).nonzero()[:, 0]
+        if failing is not None and len(failing) == 0:
             break
-        refit = fit_modal_tail(mixer, window, rank, tolerance, device, channels=failing)
-        best = _merged(best, refit, failing)
-    if best.window != FIT_LADDER[0][0]:
+        fit = fit_modal_tail(mixer, rung.window, rung.rank, tolerance, device, channels=failing, taps=taps,
+                             pole_span=rung.pole_span, residue_span=rung.residue_span, power_steps=rung.power_steps)
+        best = fit if best is None else _merged(best, fit, failing)
+    if best.window != FIT_LADDER[0].window:
         # Widening re-rounded some residues to complex64: certify the constants decoding will use.
-        taps = float64_taps(mixer, torch.arange(best.window + 1, device=device))
         bound = certified_bound(mixer, best.poles.to(torch.complex128), best.residues.to(torch.complex128),
                                 best.window, tolerance, taps)
         best = ModalTail(window=best.window, poles=best.poles, residues=best.residues, bound=bound)
