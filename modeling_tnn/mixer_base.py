@@ -352,16 +352,32 @@ def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int 
     if not kernel.is_complex() and not (0 <= lag0 < kernel.shape[0] <= fft_len):
         raise ValueError(f"lag0: must lie in [0, rows) for a kernel of at most fft_len={fft_len} rows, got "
                          f"lag0={lag0} for {kernel.shape[0]} rows")
-    if recompute is None:
-        blocks = -(-n // step)
-        recompute = x.shape[0] * blocks * (fft_len // 2 + 1) * x.shape[2] * 2 * x.element_size() > RECOMPUTE_BYTES
-    if (step == n and not (recompute or activate or kernel.is_complex())
-            and (x.device.type != "cpu" or x.shape[0] * fft_len * x.shape[2] <= SINGLE_BLOCK_CHUNKS * CHUNK_ELEMENTS)):
+    if not kernel.is_complex() and not activate and single_block(x, fft_len, step, recompute):
         return _SingleBlockConvolution.apply(x, kernel, fft_len, lag0)
+    recompute = _resolve_recompute(x, fft_len, step, recompute)
     # A pre-activation stays as given (the GTU's is a view of its fused projection, which the gate keeps alive
     # anyway): a contiguous copy saved for backward would be one activation more per layer.
     return _BlockConvolution.apply(x if activate else x.contiguous(), kernel, fft_len, step, offset, lag0,
                                    bool(recompute), rebuild, activate, mask)
+
+
+def _resolve_recompute(x: torch.Tensor, fft_len: int, step: int | None, recompute: bool | None) -> bool:
+    """``recompute`` as given, or (None) whether the input spectra would exceed ``RECOMPUTE_BYTES``."""
+    if recompute is not None:
+        return recompute
+    blocks = -(-x.shape[1] // (step or x.shape[1]))
+    return x.shape[0] * blocks * (fft_len // 2 + 1) * x.shape[2] * 2 * x.element_size() > RECOMPUTE_BYTES
+
+
+def single_block(x: torch.Tensor, fft_len: int, step: int | None, recompute: bool | None) -> bool:
+    """Whether :func:`fft_convolve` of ``x`` with real taps (not activated) runs as :class:`_SingleBlockConvolution`:
+    one block (``step`` None or n) whose spectra are kept, of at most ``SINGLE_BLOCK_CHUNKS`` channel chunks on CPU.
+    Mixers ask it in eval mode too, to convolve with the same taps (not a memoised spectrum) there: eval and
+    training outputs then agree bitwise."""
+    n = x.shape[1]
+    if (step or n) != n or _resolve_recompute(x, fft_len, step, recompute):
+        return False
+    return x.device.type != "cpu" or x.shape[0] * fft_len * x.shape[2] <= SINGLE_BLOCK_CHUNKS * CHUNK_ELEMENTS
 
 
 def _activation(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -613,11 +629,14 @@ class TokenMixer(nn.Module):
         return not (self.training or torch.is_grad_enabled() or tracing())
 
     def convolution_kernel(self, key: Hashable, layout: Callable[[], torch.Tensor],
-                           spectrum: Callable[[], torch.Tensor]) -> torch.Tensor:
+                           spectrum: Callable[[], torch.Tensor], taps_only: bool = False) -> torch.Tensor:
         """The kernel to hand to :func:`fft_convolve`: its time-domain ``layout()`` when gradients flow (the FFT of
         the kernel and of its gradient then run inside the convolution, in cache-sized chunks), or its
-        ``spectrum()``, computed once and memoised under ``key``, in eval mode."""
-        return layout() if not self._memoising() else self.cached(key, spectrum)
+        ``spectrum()``, computed once and memoised under ``key``, in eval mode; with ``taps_only`` (the convolution
+        runs as one unchunked block: :func:`single_block`) the memoised ``layout()`` there too."""
+        if not self._memoising():
+            return layout()
+        return self.cached(("taps", key), layout) if taps_only else self.cached(key, spectrum)
 
     def constant(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` for tensors that depend on no parameter (lags, decay factors, frequency grids), memoised

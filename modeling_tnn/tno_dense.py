@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, _as_dtype, fft_convolve, fft_length, tracing, use_direct
+from .mixer_base import TokenMixer, _as_dtype, fft_convolve, fft_length, single_block, tracing, use_direct
 from .rpe import Rpe
 
 # float32's unit roundoff: kernel taps below it relative to the kernel's peak change no float32 output.
@@ -81,7 +81,8 @@ class DenseTno(TokenMixer):
         # circularly chunk by chunk, and the kernel gradient comes back in the same compact shape.
         kernel = self.convolution_kernel(("spectrum", n, x.device, x.dtype),
                                          lambda: _as_dtype(self.coefficients(n, x.device), x.dtype),
-                                         lambda: self.spectrum(n, fft_len, x.device, x.dtype))
+                                         lambda: self.spectrum(n, fft_len, x.device, x.dtype),
+                                         taps_only=single_block(x, fft_len, None, self.recompute_spectra))
         return fft_convolve(x, kernel, fft_len, lag0=lag0, recompute=self.recompute_spectra,
                             rebuild=self._rebuilder(n, x.device, x.dtype) if kernel.requires_grad and not tracing()
                             else None,
