@@ -268,9 +268,10 @@ class _BlockConvolution(torch.autograd.Function):
 
 
 # Most channel chunks' worth (CHUNK_ELEMENTS each) of (batch x fft_len x channels) a CPU input may have for
-# :class:`_SingleBlockConvolution`: up to about four it runs as fast as the chunked convolution with a third of its operators (measured with
-# torch.profiler: 116 against 377 forward + backward at 12 x 64 x 384); beyond, its FFTs along the strided sequence
-# dimension fall out of cache (1.5x slower at 16 x 256 x 768, 2.6x at 64 x 128 x 768).
+# :class:`_SingleBlockConvolution`. Up to about four it takes 0.9-1.06x the chunked convolution's time (interleaved
+# forward + backward timings, one thread) with a third of its operators (116 against 377 aten events at
+# 12 x 64 x 384); beyond, its FFTs along the strided sequence dimension fall out of cache (1.5x slower at
+# 16 x 256 x 768, 2.6x at 64 x 128 x 768).
 SINGLE_BLOCK_CHUNKS = 4
 
 

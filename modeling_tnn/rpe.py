@@ -40,9 +40,16 @@ class _SimpleRMSNormFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        y, scale, ratio = ctx.saved_tensors
-        projection = (grad * y).sum(dim=-1, keepdim=True).mul_(ratio)
-        return torch.addcmul(grad, y, projection, value=-(y.shape[-1] ** -0.5)).div_(scale), None
+        return _norm_backward(grad, *ctx.saved_tensors), None
+
+
+def _norm_backward(grad: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ratio: torch.Tensor,
+                   factor: torch.Tensor | None = None) -> torch.Tensor:
+    """The gradient of :class:`_SimpleRMSNormFunction`'s input from its output's ``grad``, output ``y``, ``scale``
+    and ``ratio``; ``factor`` (the output itself where ``grad`` vanishes wherever it differs from ``y``, as behind a
+    ReLU) may stand in for ``y`` in the projection."""
+    projection = (grad * (y if factor is None else factor)).sum(dim=-1, keepdim=True).mul_(ratio)
+    return torch.addcmul(grad, y, projection, value=-(y.shape[-1] ** -0.5)).div_(scale)
 
 
 class SimpleRMSNorm(nn.Module):
@@ -127,8 +134,7 @@ class _RpeFunction(torch.autograd.Function):
             # Back through the Linear, the ReLU (relu(y) > 0 where y > 0) and the norm (closed form, as
             # _SimpleRMSNormFunction: dz = (g - y sum(g y) (s / ||z||) / sqrt(r)) / s).
             grad_y = torch.ops.aten.threshold_backward(torch.mm(grad, weights[i]), inputs, 0)
-            projection = (grad_y * inputs).sum(dim=-1, keepdim=True).mul_(ratio)  # g = 0 where y <= 0: y == relu(y)
-            grad = torch.addcmul(grad_y, y, projection, value=-(y.shape[-1] ** -0.5)).div_(s)
+            grad = _norm_backward(grad_y, y, s, ratio, factor=inputs)  # grad_y = 0 where y <= 0: y == relu(y) elsewhere
         return None, None, None, *grads
 
 
