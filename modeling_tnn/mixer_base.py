@@ -267,6 +267,45 @@ class _BlockConvolution(torch.autograd.Function):
         return grad_x, grad_kernel, None, None, None, None, None, None, None, None
 
 
+# Most channel chunks' worth (CHUNK_ELEMENTS each) of (batch x fft_len x channels) a CPU input may have for
+# :class:`_SingleBlockConvolution`. Up to about four it takes 0.9-1.06x the chunked convolution's time (interleaved
+# forward + backward timings, one thread) with a third of its operators (116 against 377 aten events at
+# 12 x 64 x 384); beyond, its FFTs along the strided sequence dimension fall out of cache (1.5x slower at
+# 16 x 256 x 768, 2.6x at 64 x 128 x 768).
+SINGLE_BLOCK_CHUNKS = 4
+
+
+class _SingleBlockConvolution(torch.autograd.Function):
+    """One zero-padded FFT of the whole sequence (all channels at once, along dim 1 of (b, n, c)) with real taps
+    (L, c) whose row r holds lag ``r - lag0``: the taps at slots 0..L-1 make the circular product's outputs
+    ``lag0 .. lag0 + n - 1`` the convolution's (exact when ``n + L - 1 - lag0 <= fft_len`` and ``lag0 + n <= fft_len``:
+    no wrapped term reaches them). No window, staging or layout buffers: rfft's ``n`` pads. Backward correlates:
+    the output gradient placed at ``lag0`` is transformed once and serves both gradients. Keeps both spectra."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, taps: torch.Tensor, fft_len: int, lag0: int) -> torch.Tensor:
+        n = x.shape[1]
+        x_f = torch.fft.rfft(x, n=fft_len, dim=1)
+        kernel_f = torch.fft.rfft(taps, n=fft_len, dim=0)
+        y = torch.fft.irfft(x_f * kernel_f, n=fft_len, dim=1)[:, lag0: lag0 + n]
+        ctx.save_for_backward(x_f if ctx.needs_input_grad[1] else None, kernel_f)
+        ctx.geometry = (n, taps.shape[0], fft_len, lag0)
+        return y.contiguous()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x_f, kernel_f = ctx.saved_tensors
+        n, rows, fft_len, lag0 = ctx.geometry
+        grad_f = torch.fft.rfft(F.pad(grad, (0, 0, lag0, 0)) if lag0 else grad, n=fft_len, dim=1)
+        grad_taps = grad_x = None
+        if ctx.needs_input_grad[1]:
+            grad_taps = torch.fft.irfft((x_f.conj() * grad_f).sum(0), n=fft_len, dim=0)[:rows]
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.fft.irfft(grad_f.mul_(kernel_f.conj()), n=fft_len, dim=1)[:, :n]
+        return grad_x, grad_taps, None, None
+
+
 def _chunk_spectrum(kernel: torch.Tensor, channels: slice, lag0: int = 0, placed: torch.Tensor | None = None,
                     stage: torch.Tensor | None = None) -> torch.Tensor:
     """The spectrum (k, F) of some channels of a kernel given as a spectrum (F, c) or as real taps (L, c) whose
@@ -314,13 +353,32 @@ def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int 
     if not kernel.is_complex() and not (0 <= lag0 < kernel.shape[0] <= fft_len):
         raise ValueError(f"lag0: must lie in [0, rows) for a kernel of at most fft_len={fft_len} rows, got "
                          f"lag0={lag0} for {kernel.shape[0]} rows")
-    if recompute is None:
-        blocks = -(-n // step)
-        recompute = x.shape[0] * blocks * (fft_len // 2 + 1) * x.shape[2] * 2 * x.element_size() > RECOMPUTE_BYTES
+    if not kernel.is_complex() and not activate and single_block(x, fft_len, step, recompute):
+        return _SingleBlockConvolution.apply(x, kernel, fft_len, lag0)
+    recompute = _resolve_recompute(x, fft_len, step, recompute)
     # A pre-activation stays as given (the GTU's is a view of its fused projection, which the gate keeps alive
     # anyway): a contiguous copy saved for backward would be one activation more per layer.
     return _BlockConvolution.apply(x if activate else x.contiguous(), kernel, fft_len, step, offset, lag0,
                                    bool(recompute), rebuild, activate, mask)
+
+
+def _resolve_recompute(x: torch.Tensor, fft_len: int, step: int | None, recompute: bool | None) -> bool:
+    """``recompute`` as given, or (None) whether the input spectra would exceed ``RECOMPUTE_BYTES``."""
+    if recompute is not None:
+        return recompute
+    blocks = -(-x.shape[1] // (step or x.shape[1]))
+    return x.shape[0] * blocks * (fft_len // 2 + 1) * x.shape[2] * 2 * x.element_size() > RECOMPUTE_BYTES
+
+
+def single_block(x: torch.Tensor, fft_len: int, step: int | None, recompute: bool | None) -> bool:
+    """Whether :func:`fft_convolve` of ``x`` with real taps (not activated) runs as :class:`_SingleBlockConvolution`:
+    one block (``step`` None or n) whose spectra are kept, of at most ``SINGLE_BLOCK_CHUNKS`` channel chunks on CPU.
+    Mixers ask it in eval mode too, to convolve with the same taps (not a memoised spectrum) there: eval and
+    training outputs then agree bitwise."""
+    n = x.shape[1]
+    if (step or n) != n or _resolve_recompute(x, fft_len, step, recompute):
+        return False
+    return x.device.type != "cpu" or x.shape[0] * fft_len * x.shape[2] <= SINGLE_BLOCK_CHUNKS * CHUNK_ELEMENTS
 
 
 def _activation(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -456,11 +514,20 @@ class _SiluGate(torch.autograd.Function):
         return grad_pre, grad_mixed
 
 
+def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``, skipped where it would be a no-op (which still records an operator)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def tracing() -> bool:
     """True under torch.compile or torch.export, where parameters may be fake tensors (no storage, no values)."""
     from torch._guards import detect_fake_mode
 
     return torch.compiler.is_compiling() or torch.compiler.is_exporting() or detect_fake_mode() is not None
+
+
+# Parameter-free tensors (TokenMixer.constant) a mixer keeps: one or two per input length it has seen.
+MAX_CONSTANTS = 16
 
 
 class TokenMixer(nn.Module):
@@ -479,6 +546,7 @@ class TokenMixer(nn.Module):
         self.causal = causal
         self._eval_cache: dict[Hashable, Any] = {}
         self._eval_cache_version: tuple = ()
+        self._constants: dict[Hashable, torch.Tensor] = {}
         # What the FFT convolution keeps for backward (see fft_convolve): None decides by size, True saves only the
         # real inputs and recomputes their spectra, False keeps the spectra (TnnConfig.fft_recompute).
         self.recompute_spectra = recompute_spectra
@@ -486,8 +554,8 @@ class TokenMixer(nn.Module):
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         dtype = compute_dtype(x.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            y = self.mix(x.to(dtype), attention_mask)
-        return y.to(x.dtype)
+            y = self.mix(_as_dtype(x, dtype), attention_mask)
+        return _as_dtype(y, x.dtype)
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         """Mix ``x`` (b, n, channels) in the compute dtype. With ``activate`` ``x`` is the GTU's pre-activation and
@@ -524,9 +592,9 @@ class TokenMixer(nn.Module):
             if lean and v_pre.dtype == dtype:
                 with torch.autocast(device_type=v_pre.device.type, enabled=False):
                     mixed = self.mix(v_pre, attention_mask, activate=True)
-                return _SiluGate.apply(u_pre, mixed.to(u_pre.dtype))
+                return _SiluGate.apply(u_pre, _as_dtype(mixed, u_pre.dtype))
             mix = lambda v: self(v, attention_mask)  # noqa: E731
-        mixed = mix(_activation(v_pre, attention_mask)).to(u_pre.dtype)
+        mixed = _as_dtype(mix(_activation(v_pre, attention_mask)), u_pre.dtype)
         return _SiluGate.apply(u_pre, mixed) if lean else F.silu(u_pre) * mixed
 
     # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------
@@ -562,11 +630,28 @@ class TokenMixer(nn.Module):
         return not (self.training or torch.is_grad_enabled() or tracing())
 
     def convolution_kernel(self, key: Hashable, layout: Callable[[], torch.Tensor],
-                           spectrum: Callable[[], torch.Tensor]) -> torch.Tensor:
+                           spectrum: Callable[[], torch.Tensor], taps_only: bool = False) -> torch.Tensor:
         """The kernel to hand to :func:`fft_convolve`: its time-domain ``layout()`` when gradients flow (the FFT of
         the kernel and of its gradient then run inside the convolution, in cache-sized chunks), or its
-        ``spectrum()``, computed once and memoised under ``key``, in eval mode."""
-        return layout() if not self._memoising() else self.cached(key, spectrum)
+        ``spectrum()``, computed once and memoised under ``key``, in eval mode; with ``taps_only`` (the convolution
+        runs as one unchunked block: :func:`single_block`) the memoised ``layout()`` there too."""
+        if not self._memoising():
+            return layout()
+        return self.cached(("taps", key), layout) if taps_only else self.cached(key, spectrum)
+
+    def constant(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` for tensors that depend on no parameter (lags, decay factors, frequency grids), memoised
+        under ``key`` in training as in eval: building it costs a few operators per call that every step repeats.
+        Recomputed under torch.compile / export (a traced tensor must not outlive its trace); at most
+        ``MAX_CONSTANTS`` are kept."""
+        if tracing():
+            return compute()
+        if key not in self._constants:
+            if len(self._constants) >= MAX_CONSTANTS:
+                self._constants.clear()
+            with torch.no_grad():
+                self._constants[key] = compute()
+        return self._constants[key]
 
     def cached(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()``, memoised under ``key`` in eval mode without autograd; recomputed otherwise."""

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, fft_length, tracing, use_direct
+from .mixer_base import TokenMixer, _as_dtype, fft_convolve, fft_length, single_block, tracing, use_direct
 from .rpe import Rpe
 
 # float32's unit roundoff: kernel taps below it relative to the kernel's peak change no float32 output.
@@ -34,15 +34,26 @@ class DenseTno(TokenMixer):
     def decayed(self, lags: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Kernel values ``RPE(k) * gamma**|k|`` at integer ``lags`` (L,) -> (L, channels); zero where ``keep`` is
         False."""
-        values = self.rpe_values(lags)
-        decay = self.gamma ** lags.abs().to(values.dtype)
-        if keep is not None:
-            decay = decay * keep
-        return values * decay[:, None]
+        return self.rpe(lags, scale=self._decay(lags, keep))
+
+    def _decay(self, lags: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        decay = self.gamma ** lags.abs().to(self._rpe_dtype())
+        return decay if keep is None else decay * keep
+
+    def _rpe_dtype(self) -> torch.dtype:
+        """What the RPE computes in (see :class:`Rpe`): float32, or float64 for float64 weights."""
+        return torch.promote_types(self.rpe.pos_proj.weight.dtype, torch.float32)
 
     def coefficients(self, n: int, device: torch.device) -> torch.Tensor:
         """Kernel values at lags ``0..n-1`` (causal) or ``-(n-1)..n-1`` (bidirectional), shape (lags, channels)."""
-        return self.decayed(torch.arange(0 if self.causal else -(n - 1), n, device=device))
+        # The lags (in the RPE's dtype: exact, integers below 2**24) and their decay, kept from call to call.
+        lags, decay = self.constant(("lags", n, device, self._rpe_dtype(), self.gamma),
+                                    lambda: self._lags_and_decay(n, device))
+        return self.rpe(lags, scale=decay)
+
+    def _lags_and_decay(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        lags = torch.arange(0 if self.causal else -(n - 1), n, device=device)
+        return lags.to(self._rpe_dtype()), self._decay(lags, None)
 
     def layout(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The kernel's circular layout (fft_len, channels): lag k at slot k, lag -k at slot fft_len - k, zero
@@ -63,14 +74,15 @@ class DenseTno(TokenMixer):
         n = x.shape[1]
         lag0 = 0 if self.causal else n - 1
         if use_direct(x.shape[0], n, x.shape[2]):
-            return self.direct(x, lambda: self.coefficients(n, x.device).to(x.dtype), lag0, attention_mask, activate,
-                               n)
+            return self.direct(x, lambda: _as_dtype(self.coefficients(n, x.device), x.dtype), lag0, attention_mask,
+                               activate, n)
         fft_len = fft_length(n)
         # Training hands the convolution the n (causal) or 2n - 1 real coefficients themselves: it lays them out
         # circularly chunk by chunk, and the kernel gradient comes back in the same compact shape.
         kernel = self.convolution_kernel(("spectrum", n, x.device, x.dtype),
-                                         lambda: self.coefficients(n, x.device).to(x.dtype),
-                                         lambda: self.spectrum(n, fft_len, x.device, x.dtype))
+                                         lambda: _as_dtype(self.coefficients(n, x.device), x.dtype),
+                                         lambda: self.spectrum(n, fft_len, x.device, x.dtype),
+                                         taps_only=single_block(x, fft_len, None, self.recompute_spectra))
         return fft_convolve(x, kernel, fft_len, lag0=lag0, recompute=self.recompute_spectra,
                             rebuild=self._rebuilder(n, x.device, x.dtype) if kernel.requires_grad and not tracing()
                             else None,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, smooth_size, use_direct
+from .mixer_base import TokenMixer, fft_convolve, single_block, smooth_size, use_direct
 from .rpe import Rpe
 
 # Overlap-save FFT size as a multiple of the lags a block must cover: each block then yields (multiple - 1) x that
@@ -114,7 +114,8 @@ class FdTno(TokenMixer):
         if self._response_is_spectrum(taps + 1, fft_len):
             kernel = self.cached(key, spectrum)
         else:
-            kernel = self.convolution_kernel(key, lambda: self.taps(taps, x.device, x.dtype), spectrum)
+            kernel = self.convolution_kernel(key, lambda: self.taps(taps, x.device, x.dtype), spectrum,
+                                             taps_only=single_block(x, fft_len, step, self.recompute_spectra))
         return fft_convolve(x, kernel, fft_len, step, offset, lag0=0 if self.causal else taps,
                             recompute=self.recompute_spectra, activate=activate,
                             mask=attention_mask if activate else None)

@@ -27,9 +27,14 @@ CASES = [(9, 18, None, 0, 9, 0), (9, 18, None, 0, 17, 8), (7, 15, None, 0, 3, 1)
          (13, 12, 5, 4, 8, 3), (16, 16, 8, 3, 9, 5), (2, 12, 5, 4, 5, 0)]
 
 
+@pytest.mark.parametrize("single_block", [True, False])
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize(("n", "fft_len", "step", "offset", "rows", "lag0"), CASES)
-def test_compact_kernel_matches_the_direct_sum_with_exact_gradients(n, fft_len, step, offset, rows, lag0, recompute):
+def test_compact_kernel_matches_the_direct_sum_with_exact_gradients(monkeypatch, n, fft_len, step, offset, rows, lag0,
+                                                                    recompute, single_block):
+    """Both single-block forms (one unchunked FFT of the sequence, or the windowed one) and overlap-save."""
+    if not single_block:
+        monkeypatch.setattr(mixer_base, "SINGLE_BLOCK_CHUNKS", 0)
     x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
     taps = torch.randn(rows, 3, dtype=torch.float64, requires_grad=True)
 
@@ -38,6 +43,23 @@ def test_compact_kernel_matches_the_direct_sum_with_exact_gradients(n, fft_len, 
 
     torch.testing.assert_close(convolve(x, taps), direct_convolution(x, taps, lag0), atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(convolve, (x, taps))
+
+
+def test_single_block_form_is_chosen_by_size_and_mode(monkeypatch):
+    """The unchunked FFT serves single blocks of a real kernel that keep their spectra and fit SINGLE_BLOCK_CHUNKS
+    channel chunks; recomputing, activating or overlap-save inputs take the chunked convolution."""
+    x = torch.randn(2, 9, 3, requires_grad=True)
+    taps = torch.randn(9, 3, requires_grad=True)
+
+    def node(**options) -> str:
+        return type(fft_convolve(x, taps, 18, lag0=0, **options).grad_fn).__name__
+
+    assert node(recompute=False) == "_SingleBlockConvolutionBackward"
+    assert node(recompute=True) == "_BlockConvolutionBackward"
+    assert node(recompute=False, activate=True) == "_BlockConvolutionBackward"
+    assert type(fft_convolve(x, taps[:5], 12, 5, 4, lag0=0).grad_fn).__name__ == "_BlockConvolutionBackward"
+    monkeypatch.setattr(mixer_base, "CHUNK_ELEMENTS", 2 * 18 * 3 // mixer_base.SINGLE_BLOCK_CHUNKS - 1)
+    assert node(recompute=False) == "_BlockConvolutionBackward"
 
 
 @pytest.mark.parametrize("recompute", [False, True])
