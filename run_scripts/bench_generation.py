@@ -12,7 +12,14 @@ parameter count matches TNN's (GPT-2's position table, which it needs for long c
 Each state is built once per (decoder, batch, context): a KV cache of random keys and values of that length; the TNN
 state from a prefill of the last min(context, 2048) tokens with the seen count then set to the context (a step
 costs what the state's shape says, and every state reaches its final shape within 2048 tokens). Rounds interleave
-every (decoder, batch, context), one single-token step each, so load that varies over time hits all alike; medians.
+every (decoder, batch, context), so load that varies over time hits all alike; medians. Each round runs two
+single-token steps of a decoder and times the second: generate decodes one model's tokens back to back, while a first
+step would time the cache misses the previous decoder left (a round's first decoder follows Llama's 512 MB KV read at
+batch 8 and 8,192 tokens).
+
+The streamer clock times ``generate`` itself (TNN dense and Llama, greedy, from a random prompt of the context's
+length): a streamer records ``time.perf_counter()`` at every ``put``, and a token's time is the median interval
+between consecutive new tokens after the first (the prefill precedes the first); rounds interleave the two models.
 
     python run_scripts/bench_generation.py --output_dir results/bench_generation
 """
@@ -29,6 +36,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.generation.streamers import BaseStreamer
 
 from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modeling_tnn import CACHE_FIELD
@@ -143,6 +151,7 @@ def latency(args, models: dict[str, torch.nn.Module]) -> list[dict]:
         times = {key: [] for key in steps}
         for _ in tqdm(range(args.rounds), desc="interleaved rounds"):
             for key, (step, _) in steps.items():
+                step()  # untimed: the timed step follows a step of the same decoder, as in generate
                 start = time.perf_counter()
                 step()
                 times[key].append(time.perf_counter() - start)
@@ -151,6 +160,43 @@ def latency(args, models: dict[str, torch.nn.Module]) -> list[dict]:
         results.append(dict(decoder=name, batch=batch, context=context, median_ms=1000 * statistics.median(samples),
                             mean_ms=1000 * statistics.fmean(samples), state_bytes=memory))
     return results
+
+
+class ClockStreamer(BaseStreamer):
+    """Records ``time.perf_counter()`` at every ``put`` (the prompt first, then each new token)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def token_ms(self) -> float:
+        """Median interval between new tokens after the first, in ms (put 0 is the prompt, put 1 follows prefill)."""
+        new_tokens = self.times[1:]
+        return 1000 * statistics.median(b - a for a, b in zip(new_tokens, new_tokens[1:]))
+
+
+def streamer_clock(args, models: dict[str, torch.nn.Module]) -> list[dict]:
+    """Per-token time of ``generate`` by a streamer's clock, TNN dense (default cache) and Llama, interleaved rounds."""
+    pairs = [tuple(int(x) for x in pair.split("x")) for pair in args.streamer_points.split(",")]
+    names = ("tnn dense", "llama")
+    times = {(name, batch, context): [] for batch, context in pairs for name in names}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prompts = {(batch, context): torch.randint(1, args.vocab_size, (batch, context)) for batch, context in pairs}
+        for _ in tqdm(range(args.streamer_rounds), desc="streamer rounds"):
+            for (name, batch, context), samples in times.items():
+                streamer = ClockStreamer()
+                models[name].generate(prompts[(batch, context)], max_new_tokens=args.streamer_tokens,
+                                      min_new_tokens=args.streamer_tokens, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0, streamer=streamer)
+                samples.append(streamer.token_ms())
+    return [dict(decoder=name, batch=batch, context=context, median_ms=statistics.median(samples))
+            for (name, batch, context), samples in times.items()]
 
 
 def prefill(args, models: dict[str, torch.nn.Module]) -> list[dict]:
@@ -168,15 +214,16 @@ def prefill(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     return [dict(decoder=name, tokens=args.prefill_length, median_s=statistics.median(t)) for name, t in times.items()]
 
 
-def horizon_error(args) -> list[dict]:
+def horizon_error(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     """Relative max logit error of cached decoding against the no-cache forward: a prompt of ``total - tokens``,
-    then ``tokens`` single steps, at multiples of the conversion length."""
+    then ``tokens`` single steps, at multiples of the conversion length. The models are the speed run's (same
+    weights, same compact fit, so the state sizes of the two tables agree)."""
     rows = []
     multiples = [int(m) for m in args.error_multiples.split(",")]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for mixer in ("dense", "fd"):
-            model = tnn(args, mixer)
+            model = models[f"tnn {mixer}"]
             for multiple in tqdm(multiples, desc=f"error ({mixer})"):
                 total = multiple * args.etsc_length
                 ids = torch.randint(1, args.vocab_size, (1, total))
@@ -233,6 +280,10 @@ def main() -> None:
     parser.add_argument("--prefill_rounds", type=int, default=3)
     parser.add_argument("--error_multiples", default="1,2,4,8,16,32")
     parser.add_argument("--error_tokens", type=int, default=8, help="decoded tokens compared in the error table")
+    parser.add_argument("--streamer_points", default="1x256,1x1024,1x2048,1x8192,8x256,8x1024,8x2048",
+                        help="(batch)x(context) pairs timed by the streamer clock")
+    parser.add_argument("--streamer_rounds", type=int, default=3, help="0 skips the streamer clock")
+    parser.add_argument("--streamer_tokens", type=int, default=24, help="new tokens per generate call")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output_dir", default="results/bench_generation")
     args = parser.parse_args()
@@ -252,8 +303,9 @@ def main() -> None:
     print("parameters:", json.dumps(counts))
 
     results = latency(args, models)
+    clocked = streamer_clock(args, models) if args.streamer_rounds else []
     prefills = prefill(args, models)
-    errors = horizon_error(args)
+    errors = horizon_error(args, models)
     summary = summarise(results, contexts, batches)
 
     out = Path(args.output_dir)
@@ -262,15 +314,15 @@ def main() -> None:
         f"--{k} {v}" for k, v in vars(args).items() if v is not None), torch=torch.__version__,
         threads=torch.get_num_threads(), parameters=counts, compact_fit_seconds=fit_seconds)
     (out / "results.json").write_text(json.dumps(dict(meta=meta, summary=summary, latency=results, prefill=prefills,
-                                                      horizon_error=errors), indent=1))
-    tables = render(results, prefills, errors, summary, contexts, batches)
+                                                      horizon_error=errors, streamer_clock=clocked), indent=1))
+    tables = render(results, prefills, errors, summary, contexts, batches, clocked)
     (out / "table.md").write_text(tables + "\n")
     plot(results, errors, contexts, batches, out / "generation.png")
     print(tables)
     print(f"wrote {out}/results.json, table.md, generation.png")
 
 
-def render(results, prefills, errors, summary, contexts, batches) -> str:
+def render(results, prefills, errors, summary, contexts, batches, clocked=()) -> str:
     get = {(r["decoder"], r["batch"], r["context"]): r for r in results}
     names = list(dict.fromkeys(r["decoder"] for r in results))
     parts = []
@@ -290,6 +342,8 @@ def render(results, prefills, errors, summary, contexts, batches) -> str:
         lines.append(f"| {key} | " + " | ".join(f"{row['llama_over_tnn'][c]:.2f}" for c in contexts)
                      + f" | {row['gpt2_over_tnn'][max(contexts)]:.2f} | {row['flatness']:.2f} |")
     parts.append("\n".join(lines))
+    if clocked:
+        parts.append(clock_table(results, clocked))
     lines = [f"Prefill of a {prefills[0]['tokens']}-token prompt, batch 1 (median s)", "",
              "| " + " | ".join(p["decoder"] for p in prefills) + " |", "|---" * len(prefills) + "|",
              "| " + " | ".join(f"{p['median_s']:.2f}" for p in prefills) + " |"]
@@ -307,6 +361,21 @@ def render(results, prefills, errors, summary, contexts, batches) -> str:
     parts.append("\n".join(lines))
     parts.append(serving(results))
     return "\n\n".join(parts)
+
+
+def clock_table(results, clocked) -> str:
+    """The streamer clock's per-token times of generate beside the step loop's ratio at the same (batch, context)."""
+    step = {(r["decoder"], r["batch"], r["context"]): r["median_ms"] for r in results}
+    clock = {(r["decoder"], r["batch"], r["context"]): r["median_ms"] for r in clocked}
+    lines = ["generate by a streamer's clock (median ms between new tokens after the first) beside the step loop", "",
+             "| batch | context | tnn dense ms | llama ms | llama / tnn (generate) | llama / tnn (step loop) |",
+             "|---|---|---|---|---|---|"]
+    for batch, context in dict.fromkeys((r["batch"], r["context"]) for r in clocked):
+        tnn_ms, llama_ms = clock[("tnn dense", batch, context)], clock[("llama", batch, context)]
+        loop = (f"{step[('llama', batch, context)] / step[('tnn dense', batch, context)]:.2f}"
+                if ("llama", batch, context) in step else "—")
+        lines.append(f"| {batch} | {context} | {tnn_ms:.2f} | {llama_ms:.2f} | {llama_ms / tnn_ms:.2f} | {loop} |")
+    return "\n".join(lines)
 
 
 def serving(results) -> str:
