@@ -5,7 +5,8 @@ forward up to 32x the ETSC conversion length.
 
 Decoders: TNN (dense and fd) with the default cache (``generation_cache="auto"``: the compact state wherever its
 certified bound meets ``compact_tolerance``, see docs/compact-decoding.md), dense with the exact window,
-dense without a cache (a full recompute per token, short contexts only), and GPT-2 and Llama from transformers
+dense without a cache (a full recompute per token, short contexts only), dense with its decode step
+``torch.compile``'d (inductor; the state and the prefill as the default's), and GPT-2 and Llama from transformers
 (sdpa, their default DynamicCache), tied embeddings, same width, depth and vocabulary, MLP width solved so that the
 parameter count matches TNN's (GPT-2's position table, which it needs for long contexts, is counted apart).
 
@@ -116,8 +117,20 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
+_COMPILED: dict[int, torch.nn.Module] = {}
+
+
+def compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """``torch.compile(model)`` (inductor), one per model: every decode step of that model shares its graphs."""
+    if id(model) not in _COMPILED:
+        torch._dynamo.config.recompile_limit = 64  # a graph per (batch, state shape) and the first count's
+        _COMPILED[id(model)] = torch.compile(model)
+    return _COMPILED[id(model)]
+
+
 def decoder(name: str, model, batch: int, context: int, vocab: int):
-    """(one decode step, state bytes) for ``name`` at (batch, context)."""
+    """(one decode step, state bytes) for ``name`` at (batch, context); ``"(compiled)"`` decoders prefill eagerly and
+    step through :func:`compiled`."""
     token = torch.randint(1, vocab, (batch, 1))
     if name.startswith("no cache"):
         ids = torch.randint(1, vocab, (batch, context + 1))
@@ -131,9 +144,10 @@ def decoder(name: str, model, batch: int, context: int, vocab: int):
         cache = getattr(out, CACHE_FIELD)
         cache._seen_tokens = context
     memory = cache_bytes(cache)
+    stepper = compiled(model) if "compiled" in name else model
 
     def step():
-        model(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
+        stepper(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
     return step, memory
 
 
@@ -202,7 +216,7 @@ def streamer_clock(args, models: dict[str, torch.nn.Module]) -> list[dict]:
 def prefill(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     """Time of one forward over a ``prefill_length`` prompt that returns the decoding state (batch 1)."""
     ids = torch.randint(1, args.vocab_size, (1, args.prefill_length))
-    names = [n for n in models if not n.startswith("no cache") and "exact" not in n]
+    names = [n for n in models if not n.startswith("no cache") and "exact" not in n and "compiled" not in n]
     times = {name: [] for name in names}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -253,7 +267,7 @@ def horizon_error(args, models: dict[str, torch.nn.Module]) -> list[dict]:
 def summarise(results: list[dict], contexts: list[int], batches: list[int]) -> dict:
     get = {(r["decoder"], r["batch"], r["context"]): r["median_ms"] for r in results}
     summary = {}
-    for name in ("tnn dense", "tnn fd"):
+    for name in [n for n in ("tnn dense", "tnn fd", "tnn dense (compiled)") if any(r["decoder"] == n for r in results)]:
         for batch in batches:
             key = f"{name}, batch {batch}"
             ratios = {c: get[("llama", batch, c)] / get[(name, batch, c)] for c in contexts}
@@ -284,6 +298,7 @@ def main() -> None:
                         help="(batch)x(context) pairs timed by the streamer clock")
     parser.add_argument("--streamer_rounds", type=int, default=3, help="0 skips the streamer clock")
     parser.add_argument("--streamer_tokens", type=int, default=24, help="new tokens per generate call")
+    parser.add_argument("--compiled", type=int, default=1, help="1: also time TNN dense's step torch.compile'd")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output_dir", default="results/bench_generation")
     args = parser.parse_args()
@@ -296,6 +311,7 @@ def main() -> None:
     fit_seconds = fit_time(dense)
     counts = {"tnn dense": parameters(dense), "tnn fd": parameters(fd)}
     models = {"tnn dense": dense, "tnn fd": fd, "tnn dense (exact)": dense, "no cache (dense)": dense,
+              **({"tnn dense (compiled)": dense} if args.compiled else {}),
               **baselines(args, counts["tnn dense"], max(contexts))}
     counts["gpt2"] = parameters(models["gpt2"], skip="wpe")
     counts["gpt2 position table"] = models["gpt2"].transformer.wpe.weight.numel()
