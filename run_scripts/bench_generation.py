@@ -213,6 +213,29 @@ def streamer_clock(args, models: dict[str, torch.nn.Module]) -> list[dict]:
             for (name, batch, context), samples in times.items()]
 
 
+def profile_steps(args, models: dict[str, torch.nn.Module], batch: int = 1, context: int = 256) -> list[dict]:
+    """One decode step of TNN dense (default cache) and Llama under torch.profiler: aten operators, allocations
+    (operators whose own CPU memory grows), their bytes, and host syncs (``aten::_local_scalar_dense``: ``.item()``,
+    ``bool()`` of a tensor)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in ("tnn dense", "llama"):
+            step, _ = decoder(name, models[name], batch, context, args.vocab_size)
+            for _ in range(3):
+                step()
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                step()
+            events = [e for e in prof.events() if e.name.startswith("aten::")]
+            allocating = [e for e in events if e.cpu_memory_usage > 0]
+            rows.append(dict(decoder=name, batch=batch, context=context, aten_ops=len(events),
+                             allocations=len(allocating), allocated_bytes=sum(e.cpu_memory_usage for e in allocating),
+                             host_syncs=sum(e.name == "aten::_local_scalar_dense" for e in events)))
+    return rows
+
+
 def prefill(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     """Time of one forward over a ``prefill_length`` prompt that returns the decoding state (batch 1)."""
     ids = torch.randint(1, args.vocab_size, (1, args.prefill_length))
@@ -299,6 +322,8 @@ def main() -> None:
     parser.add_argument("--streamer_rounds", type=int, default=3, help="0 skips the streamer clock")
     parser.add_argument("--streamer_tokens", type=int, default=24, help="new tokens per generate call")
     parser.add_argument("--compiled", type=int, default=1, help="1: also time TNN dense's step torch.compile'd")
+    parser.add_argument("--profile_only", type=int, default=0,
+                        help="1: only profile one decode step of TNN dense and Llama (profile.md / profile.json)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output_dir", default="results/bench_generation")
     args = parser.parse_args()
@@ -318,6 +343,18 @@ def main() -> None:
     counts["llama"] = parameters(models["llama"])
     print("parameters:", json.dumps(counts))
 
+    if args.profile_only:
+        profiled = profile_steps(args, models)
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "profile.json").write_text(json.dumps(profiled, indent=1))
+        lines = ["One decode step under torch.profiler (batch 1, 256 tokens)", "",
+                 "| decoder | aten ops | allocating ops | bytes allocated | host syncs |", "|---|---|---|---|---|"]
+        lines += [f"| {r['decoder']} | {r['aten_ops']} | {r['allocations']} | {r['allocated_bytes']:,} | "
+                  f"{r['host_syncs']} |" for r in profiled]
+        (out / "profile.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     results = latency(args, models)
     clocked = streamer_clock(args, models) if args.streamer_rounds else []
     prefills = prefill(args, models)
