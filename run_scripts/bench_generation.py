@@ -230,9 +230,14 @@ def profile_steps(args, models: dict[str, torch.nn.Module], batch: int = 1, cont
                 step()
             events = [e for e in prof.events() if e.name.startswith("aten::")]
             allocating = [e for e in events if e.cpu_memory_usage > 0]
+            by_operator: dict[str, int] = {}
+            for e in allocating:
+                by_operator[e.name] = by_operator.get(e.name, 0) + e.cpu_memory_usage
+            largest = max(by_operator, key=by_operator.get)
             rows.append(dict(decoder=name, batch=batch, context=context, aten_ops=len(events),
                              allocations=len(allocating), allocated_bytes=sum(e.cpu_memory_usage for e in allocating),
-                             host_syncs=sum(e.name == "aten::_local_scalar_dense" for e in events)))
+                             host_syncs=sum(e.name == "aten::_local_scalar_dense" for e in events),
+                             largest_allocator=largest, largest_allocator_bytes=by_operator[largest]))
     return rows
 
 
@@ -349,9 +354,10 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "profile.json").write_text(json.dumps(profiled, indent=1))
         lines = ["One decode step under torch.profiler (batch 1, 256 tokens)", "",
-                 "| decoder | aten ops | allocating ops | bytes allocated | host syncs |", "|---|---|---|---|---|"]
+                 "| decoder | aten ops | allocating ops | bytes allocated | host syncs | most bytes allocated by |",
+                 "|---|---|---|---|---|---|"]
         lines += [f"| {r['decoder']} | {r['aten_ops']} | {r['allocations']} | {r['allocated_bytes']:,} | "
-                  f"{r['host_syncs']} |" for r in profiled]
+                  f"{r['host_syncs']} | {r['largest_allocator']} ({r['largest_allocator_bytes']:,}) |" for r in profiled]
         (out / "profile.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return
