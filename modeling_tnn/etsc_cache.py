@@ -152,8 +152,7 @@ class TnnCacheLayer(LinearAttentionCacheLayerMixin):
     (b, W, c) or the complex SSM state (b, c, M); a compact plan adds its modes (b, c, r) complex as
     ``recurrent_states[1]``. The kernel constants it is read against live beside it."""
 
-    # The window's shape follows the context until it is full; transformers 5.23 would build compile-friendly
-    # attention masks for a compileable cache.
+    # Whether the state's shapes stay fixed from the prefill on is the cache's to say (TnnCache.is_compileable).
     is_compileable = False
 
     def __init__(self):
@@ -215,8 +214,32 @@ class TnnCache(Cache):
         self.mode = mode
         self.etsc_length = config.etsc_length
         self.tolerance = getattr(config, "compact_tolerance", 1e-5)
-        self._seen_tokens = 0
+        self._seen = 0
+        # The same count as a tensor, (1,) int64, from the prefill on: a compiled step reads its ring slots from it,
+        # since a Python int would specialise the graph on its value (see _ring_slot).
+        self.seen_counter: torch.Tensor | None = None
         self._warned = False
+        decays = config.token_mixer == "fd" or getattr(config, "decay_gamma", 1.0) < 1
+        self._fixed_shapes = mode != "etsc" and config.causal is not False and decays
+
+    @property
+    def is_compileable(self) -> bool:
+        """True where every layer's state keeps its shapes from the prefill on (the compact plan or a window of the
+        kernel's support: FD, or a dense kernel that decays, in ``"auto"``, ``"compact"`` or ``"exact"``): a
+        ``torch.compile``'d decode step is then one graph without breaks for every token, and ``generate`` takes
+        its compiled path (``compile_config``; on CPU with ``compile_config._compile_all_devices = True``). False
+        for ETSC's SSM (a window until the period fills, then a complex state) and a history that grows."""
+        return self._fixed_shapes
+
+    @property
+    def _seen_tokens(self) -> int:
+        return self._seen
+
+    @_seen_tokens.setter
+    def _seen_tokens(self, value: int) -> None:
+        self._seen = value
+        if self.seen_counter is not None:
+            self.seen_counter.fill_(value)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         # The stock implementation raises for caches made only of linear-attention layers.
@@ -242,7 +265,9 @@ class TnnCache(Cache):
 
     def advance(self, tokens: int) -> None:
         """Count ``tokens`` more seen tokens; warn once when an inexact plan passes its horizon."""
-        self._seen_tokens += tokens
+        self._seen += tokens
+        if self.seen_counter is not None:
+            self.seen_counter.add_(tokens)
         if self._warned:
             return
         horizons = {layer.plan.horizon for layer in self.layers if layer.plan is not None} - {None}
@@ -259,12 +284,12 @@ class TnnCache(Cache):
 
 # -- torch.export / torch.compile: the cache as a pytree of its tensors ----------------------------------------------
 # The context holds only plain values (plans as tuples), so that torch.export can serialise it; the tensors are the
-# leaves: each layer's two states and its kernel constants.
+# leaves: the seen counter, then each layer's two states and its kernel constants.
 _LAYER_TENSORS = ("lam", "coef", "reversed_taps")
 
 
 def _flatten_cache(cache: TnnCache):
-    children = []
+    children = [cache.seen_counter]
     for layer in cache.layers:
         children += [layer.recurrent_states[0], layer.recurrent_states[1],
                      *(getattr(layer, name) for name in _LAYER_TENSORS)]
@@ -279,7 +304,8 @@ def _unflatten_cache(children, context) -> TnnCache:
     cache = TnnCache.__new__(TnnCache)
     Cache.__init__(cache, layers=[TnnCacheLayer() for _ in layers])
     cache.mode, cache.etsc_length, cache.tolerance = mode, etsc_length, tolerance
-    cache._seen_tokens, cache._warned = seen, warned
+    cache._seen, cache._warned = seen, warned
+    cache.seen_counter, children = children[0], children[1:]
     width = 2 + len(_LAYER_TENSORS)
     for index, (layer, (plan, has_state)) in enumerate(zip(cache.layers, layers)):
         window, modes, *constants = children[index * width: (index + 1) * width]
@@ -369,10 +395,37 @@ def _window_history(buffer: torch.Tensor, seen: int) -> torch.Tensor:
     return buffer[:, slots]
 
 
-def _window_read(buffer: torch.Tensor, reversed_taps: torch.Tensor, position: int, filled: int) -> torch.Tensor:
-    """``sum_j buffer[:, j] * t[(position - j) mod W]`` over the ``filled`` slots in use, (b, c)."""
+def _ring_slot(seen: int, capacity: int, counter: torch.Tensor | None) -> int | torch.Tensor:
+    """The ring slot ``seen mod capacity`` of the next input: a Python int eagerly; under torch.compile a one-element
+    tensor from the cache's ``counter`` (the same count), since indexing by a Python int specialises the graph on
+    its value (a recompilation per slot), where indexing by a tensor leaves one graph for every step."""
+    if counter is None or not torch.compiler.is_compiling():  # (torch.export too; tracing() costs 6 us a call)
+        return seen % capacity
+    return torch.remainder(counter, capacity)
+
+
+def _slot_read(buffer: torch.Tensor, slot: int | torch.Tensor) -> torch.Tensor:
+    """``buffer[:, slot]`` (b, c)."""
+    return buffer[:, slot] if isinstance(slot, int) else buffer.index_select(1, slot)[:, 0]
+
+
+def _slot_write(buffer: torch.Tensor, slot: int | torch.Tensor, value: torch.Tensor) -> None:
+    """``buffer[:, slot] = value`` in place."""
+    if isinstance(slot, int):
+        buffer[:, slot] = value
+    else:
+        buffer.index_copy_(1, slot, value[:, None].to(buffer.dtype))
+
+
+def _window_read(buffer: torch.Tensor, reversed_taps: torch.Tensor, position: int | torch.Tensor,
+                 filled: int) -> torch.Tensor:
+    """``sum_j buffer[:, j] * t[(position - j) mod W]`` over the ``filled`` slots in use, (b, c); ``position`` is a
+    :func:`_ring_slot`."""
     capacity = buffer.shape[1]
-    taps = reversed_taps[capacity - 1 - position: 2 * capacity - 1 - position]
+    if isinstance(position, int):
+        taps = reversed_taps[capacity - 1 - position: 2 * capacity - 1 - position]
+    else:  # every window of the doubled taps as a view (W + 1, c, W): the slot's one gathered, no table stored
+        taps = reversed_taps.unfold(0, capacity, 1).index_select(0, capacity - 1 - position)[0].t()
     if filled < capacity:  # no wrap yet: slots 0 .. position, a contiguous block of rows
         buffer, taps = buffer[:, :filled], taps[:filled]
     b, width, c = buffer.shape
@@ -480,19 +533,22 @@ def _set_compact(layer: TnnCacheLayer, sequence: torch.Tensor, seen: int, prior:
     layer.update_recurrent_state(torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1), 1)
 
 
-def _compact_step(layer: TnnCacheLayer, v_t: torch.Tensor, seen: int) -> torch.Tensor:
+def _compact_step(layer: TnnCacheLayer, v_t: torch.Tensor, seen: int, counter: torch.Tensor | None) -> torch.Tensor:
     """One token on the compact state, in place: the input leaving the window enters the modes, ``v_t`` takes its
     slot; the output is the window read against the exact taps plus the modes' real part."""
     window, modes = layer.recurrent_states[0], layer.recurrent_states[1]
     capacity = window.shape[1]
-    position = seen % capacity
+    position = _ring_slot(seen, capacity, counter)
     real, imag, scratch = modes.unbind(1)
     (pole_re, pole_im), (res_re, res_im) = layer.lam, layer.coef
-    leaving = window[:, position, :, None]
-    torch.mul(imag, pole_im, out=scratch)
+    leaving = _slot_read(window, position)[..., None]
+    if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
+        scratch.copy_(imag).mul_(pole_im)
+    else:
+        torch.mul(imag, pole_im, out=scratch)
     imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
     real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
-    window[:, position] = v_t
+    _slot_write(window, position, v_t)
     return _window_read(window, layer.reversed_taps, position, capacity) + real.sum(-1)
 
 
@@ -535,10 +591,12 @@ def _set_window(layer: TnnCacheLayer, mixer: TokenMixer, v_all: torch.Tensor, se
     layer.update_recurrent_state(_window_state(v_all, seen, capacity))
 
 
-def _decode_token(layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int) -> torch.Tensor:
-    """One token ``v_t`` (b, c) after ``seen`` tokens: the mixer output (b, c); the state is updated in place."""
+def _decode_token(layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int,
+                  counter: torch.Tensor | None = None) -> torch.Tensor:
+    """One token ``v_t`` (b, c) after ``seen`` tokens (``counter``: the same count as a tensor, or None): the mixer
+    output (b, c); the state is updated in place."""
     if layer.plan.kind == "compact":
-        return _compact_step(layer, v_t, seen)
+        return _compact_step(layer, v_t, seen, counter)
     state = layer.recurrent_states[0]
     if state.is_complex():
         state.mul_(layer.lam).addcmul_(layer.coef, v_t.to(state.dtype)[..., None])
@@ -552,8 +610,8 @@ def _decode_token(layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, se
         if state.is_complex():
             return state.real.sum(-1)
         return _window_read(state, layer.reversed_taps, seen % state.shape[1], seen + 1)
-    position = seen % capacity
-    state[:, position] = v_t
+    position = _ring_slot(seen, capacity, counter)
+    _slot_write(state, position, v_t)
     return _window_read(state, layer.reversed_taps, position, seen + 1)
 
 
@@ -565,11 +623,13 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
     plan = _prepare(layer, mixer, cache, v)
     if not layer.has_previous_state[0]:
         # Prefill: the parallel FFT path over the prompt, and the state at its end directly from the prompt.
+        if cache.seen_counter is None:
+            cache.seen_counter = torch.full((1,), seen, dtype=torch.long, device=v.device)
         out = mixer(v, attention_mask)
         _set_window(layer, mixer, v, n)
         return out
     if n == 1:
-        return _decode_token(layer, mixer, v[:, 0], seen)[:, None].to(v.dtype)
+        return _decode_token(layer, mixer, v[:, 0], seen, cache.seen_counter)[:, None].to(v.dtype)
     # Several new tokens on a filled state: their own part in parallel, plus what the past contributes.
     if plan.kind == "compact":
         return _compact_chunk(layer, mixer, v, seen)

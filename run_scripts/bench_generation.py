@@ -5,14 +5,22 @@ forward up to 32x the ETSC conversion length.
 
 Decoders: TNN (dense and fd) with the default cache (``generation_cache="auto"``: the compact state wherever its
 certified bound meets ``compact_tolerance``, see docs/compact-decoding.md), dense with the exact window,
-dense without a cache (a full recompute per token, short contexts only), and GPT-2 and Llama from transformers
+dense without a cache (a full recompute per token, short contexts only), dense with its decode step
+``torch.compile``'d (inductor; the state and the prefill as the default's), and GPT-2 and Llama from transformers
 (sdpa, their default DynamicCache), tied embeddings, same width, depth and vocabulary, MLP width solved so that the
 parameter count matches TNN's (GPT-2's position table, which it needs for long contexts, is counted apart).
 
 Each state is built once per (decoder, batch, context): a KV cache of random keys and values of that length; the TNN
 state from a prefill of the last min(context, 2048) tokens with the seen count then set to the context (a step
 costs what the state's shape says, and every state reaches its final shape within 2048 tokens). Rounds interleave
-every (decoder, batch, context), one single-token step each, so load that varies over time hits all alike; medians.
+every (decoder, batch, context), so load that varies over time hits all alike; medians. Each round runs two
+single-token steps of a decoder and times the second: generate decodes one model's tokens back to back, while a first
+step would time the cache misses the previous decoder left (a round's first decoder follows Llama's 512 MB KV read at
+batch 8 and 8,192 tokens).
+
+The streamer clock times ``generate`` itself (TNN dense and Llama, greedy, from a random prompt of the context's
+length): a streamer records ``time.perf_counter()`` at every ``put``, and a token's time is the median interval
+between consecutive new tokens after the first (the prefill precedes the first); rounds interleave the two models.
 
     python run_scripts/bench_generation.py --output_dir results/bench_generation
 """
@@ -29,6 +37,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.generation.streamers import BaseStreamer
 
 from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modeling_tnn import CACHE_FIELD
@@ -108,8 +117,20 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
+_COMPILED: dict[int, torch.nn.Module] = {}
+
+
+def compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """``torch.compile(model)`` (inductor), one per model: every decode step of that model shares its graphs."""
+    if id(model) not in _COMPILED:
+        torch._dynamo.config.recompile_limit = 64  # a graph per (batch, state shape) and the first count's
+        _COMPILED[id(model)] = torch.compile(model)
+    return _COMPILED[id(model)]
+
+
 def decoder(name: str, model, batch: int, context: int, vocab: int):
-    """(one decode step, state bytes) for ``name`` at (batch, context)."""
+    """(one decode step, state bytes) for ``name`` at (batch, context); ``"(compiled)"`` decoders prefill eagerly and
+    step through :func:`compiled`."""
     token = torch.randint(1, vocab, (batch, 1))
     if name.startswith("no cache"):
         ids = torch.randint(1, vocab, (batch, context + 1))
@@ -123,9 +144,10 @@ def decoder(name: str, model, batch: int, context: int, vocab: int):
         cache = getattr(out, CACHE_FIELD)
         cache._seen_tokens = context
     memory = cache_bytes(cache)
+    stepper = compiled(model) if "compiled" in name else model
 
     def step():
-        model(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
+        stepper(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
     return step, memory
 
 
@@ -143,6 +165,7 @@ def latency(args, models: dict[str, torch.nn.Module]) -> list[dict]:
         times = {key: [] for key in steps}
         for _ in tqdm(range(args.rounds), desc="interleaved rounds"):
             for key, (step, _) in steps.items():
+                step()  # untimed: the timed step follows a step of the same decoder, as in generate
                 start = time.perf_counter()
                 step()
                 times[key].append(time.perf_counter() - start)
@@ -153,10 +176,75 @@ def latency(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     return results
 
 
+class ClockStreamer(BaseStreamer):
+    """Records ``time.perf_counter()`` at every ``put`` (the prompt first, then each new token)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def token_ms(self) -> float:
+        """Median interval between new tokens after the first, in ms (put 0 is the prompt, put 1 follows prefill)."""
+        new_tokens = self.times[1:]
+        return 1000 * statistics.median(b - a for a, b in zip(new_tokens, new_tokens[1:]))
+
+
+def streamer_clock(args, models: dict[str, torch.nn.Module]) -> list[dict]:
+    """Per-token time of ``generate`` by a streamer's clock, TNN dense (default cache) and Llama, interleaved rounds."""
+    pairs = [tuple(int(x) for x in pair.split("x")) for pair in args.streamer_points.split(",")]
+    names = ("tnn dense", "llama")
+    times = {(name, batch, context): [] for batch, context in pairs for name in names}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prompts = {(batch, context): torch.randint(1, args.vocab_size, (batch, context)) for batch, context in pairs}
+        for _ in tqdm(range(args.streamer_rounds), desc="streamer rounds"):
+            for (name, batch, context), samples in times.items():
+                streamer = ClockStreamer()
+                models[name].generate(prompts[(batch, context)], max_new_tokens=args.streamer_tokens,
+                                      min_new_tokens=args.streamer_tokens, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0, streamer=streamer)
+                samples.append(streamer.token_ms())
+    return [dict(decoder=name, batch=batch, context=context, median_ms=statistics.median(samples))
+            for (name, batch, context), samples in times.items()]
+
+
+def profile_steps(args, models: dict[str, torch.nn.Module], batch: int = 1, context: int = 256) -> list[dict]:
+    """One decode step of TNN dense (default cache) and Llama under torch.profiler: aten operators, allocations
+    (operators whose own CPU memory grows), their bytes, and host syncs (``aten::_local_scalar_dense``: ``.item()``,
+    ``bool()`` of a tensor)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in ("tnn dense", "llama"):
+            step, _ = decoder(name, models[name], batch, context, args.vocab_size)
+            for _ in range(3):
+                step()
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                step()
+            events = [e for e in prof.events() if e.name.startswith("aten::")]
+            allocating = [e for e in events if e.cpu_memory_usage > 0]
+            by_operator: dict[str, int] = {}
+            for e in allocating:
+                by_operator[e.name] = by_operator.get(e.name, 0) + e.cpu_memory_usage
+            largest = max(by_operator, key=by_operator.get)
+            rows.append(dict(decoder=name, batch=batch, context=context, aten_ops=len(events),
+                             allocations=len(allocating), allocated_bytes=sum(e.cpu_memory_usage for e in allocating),
+                             host_syncs=sum(e.name == "aten::_local_scalar_dense" for e in events),
+                             largest_allocator=largest, largest_allocator_bytes=by_operator[largest]))
+    return rows
+
+
 def prefill(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     """Time of one forward over a ``prefill_length`` prompt that returns the decoding state (batch 1)."""
     ids = torch.randint(1, args.vocab_size, (1, args.prefill_length))
-    names = [n for n in models if not n.startswith("no cache") and "exact" not in n]
+    names = [n for n in models if not n.startswith("no cache") and "exact" not in n and "compiled" not in n]
     times = {name: [] for name in names}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -168,15 +256,16 @@ def prefill(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     return [dict(decoder=name, tokens=args.prefill_length, median_s=statistics.median(t)) for name, t in times.items()]
 
 
-def horizon_error(args) -> list[dict]:
+def horizon_error(args, models: dict[str, torch.nn.Module]) -> list[dict]:
     """Relative max logit error of cached decoding against the no-cache forward: a prompt of ``total - tokens``,
-    then ``tokens`` single steps, at multiples of the conversion length."""
+    then ``tokens`` single steps, at multiples of the conversion length. The models are the speed run's (same
+    weights, same compact fit, so the state sizes of the two tables agree)."""
     rows = []
     multiples = [int(m) for m in args.error_multiples.split(",")]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for mixer in ("dense", "fd"):
-            model = tnn(args, mixer)
+            model = models[f"tnn {mixer}"]
             for multiple in tqdm(multiples, desc=f"error ({mixer})"):
                 total = multiple * args.etsc_length
                 ids = torch.randint(1, args.vocab_size, (1, total))
@@ -206,7 +295,7 @@ def horizon_error(args) -> list[dict]:
 def summarise(results: list[dict], contexts: list[int], batches: list[int]) -> dict:
     get = {(r["decoder"], r["batch"], r["context"]): r["median_ms"] for r in results}
     summary = {}
-    for name in ("tnn dense", "tnn fd"):
+    for name in [n for n in ("tnn dense", "tnn fd", "tnn dense (compiled)") if any(r["decoder"] == n for r in results)]:
         for batch in batches:
             key = f"{name}, batch {batch}"
             ratios = {c: get[("llama", batch, c)] / get[(name, batch, c)] for c in contexts}
@@ -233,6 +322,13 @@ def main() -> None:
     parser.add_argument("--prefill_rounds", type=int, default=3)
     parser.add_argument("--error_multiples", default="1,2,4,8,16,32")
     parser.add_argument("--error_tokens", type=int, default=8, help="decoded tokens compared in the error table")
+    parser.add_argument("--streamer_points", default="1x256,1x1024,1x2048,1x8192,8x256,8x1024,8x2048",
+                        help="(batch)x(context) pairs timed by the streamer clock")
+    parser.add_argument("--streamer_rounds", type=int, default=3, help="0 skips the streamer clock")
+    parser.add_argument("--streamer_tokens", type=int, default=24, help="new tokens per generate call")
+    parser.add_argument("--compiled", type=int, default=1, help="1: also time TNN dense's step torch.compile'd")
+    parser.add_argument("--profile_only", type=int, default=0,
+                        help="1: only profile one decode step of TNN dense and Llama (profile.md / profile.json)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output_dir", default="results/bench_generation")
     args = parser.parse_args()
@@ -245,15 +341,30 @@ def main() -> None:
     fit_seconds = fit_time(dense)
     counts = {"tnn dense": parameters(dense), "tnn fd": parameters(fd)}
     models = {"tnn dense": dense, "tnn fd": fd, "tnn dense (exact)": dense, "no cache (dense)": dense,
+              **({"tnn dense (compiled)": dense} if args.compiled else {}),
               **baselines(args, counts["tnn dense"], max(contexts))}
     counts["gpt2"] = parameters(models["gpt2"], skip="wpe")
     counts["gpt2 position table"] = models["gpt2"].transformer.wpe.weight.numel()
     counts["llama"] = parameters(models["llama"])
     print("parameters:", json.dumps(counts))
 
+    if args.profile_only:
+        profiled = profile_steps(args, models)
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "profile.json").write_text(json.dumps(profiled, indent=1))
+        lines = ["One decode step under torch.profiler (batch 1, 256 tokens)", "",
+                 "| decoder | aten ops | allocating ops | bytes allocated | host syncs | most bytes allocated by |",
+                 "|---|---|---|---|---|---|"]
+        lines += [f"| {r['decoder']} | {r['aten_ops']} | {r['allocations']} | {r['allocated_bytes']:,} | "
+                  f"{r['host_syncs']} | {r['largest_allocator']} ({r['largest_allocator_bytes']:,}) |" for r in profiled]
+        (out / "profile.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     results = latency(args, models)
+    clocked = streamer_clock(args, models) if args.streamer_rounds else []
     prefills = prefill(args, models)
-    errors = horizon_error(args)
+    errors = horizon_error(args, models)
     summary = summarise(results, contexts, batches)
 
     out = Path(args.output_dir)
@@ -262,15 +373,15 @@ def main() -> None:
         f"--{k} {v}" for k, v in vars(args).items() if v is not None), torch=torch.__version__,
         threads=torch.get_num_threads(), parameters=counts, compact_fit_seconds=fit_seconds)
     (out / "results.json").write_text(json.dumps(dict(meta=meta, summary=summary, latency=results, prefill=prefills,
-                                                      horizon_error=errors), indent=1))
-    tables = render(results, prefills, errors, summary, contexts, batches)
+                                                      horizon_error=errors, streamer_clock=clocked), indent=1))
+    tables = render(results, prefills, errors, summary, contexts, batches, clocked)
     (out / "table.md").write_text(tables + "\n")
     plot(results, errors, contexts, batches, out / "generation.png")
     print(tables)
     print(f"wrote {out}/results.json, table.md, generation.png")
 
 
-def render(results, prefills, errors, summary, contexts, batches) -> str:
+def render(results, prefills, errors, summary, contexts, batches, clocked=()) -> str:
     get = {(r["decoder"], r["batch"], r["context"]): r for r in results}
     names = list(dict.fromkeys(r["decoder"] for r in results))
     parts = []
@@ -290,6 +401,8 @@ def render(results, prefills, errors, summary, contexts, batches) -> str:
         lines.append(f"| {key} | " + " | ".join(f"{row['llama_over_tnn'][c]:.2f}" for c in contexts)
                      + f" | {row['gpt2_over_tnn'][max(contexts)]:.2f} | {row['flatness']:.2f} |")
     parts.append("\n".join(lines))
+    if clocked:
+        parts.append(clock_table(results, clocked))
     lines = [f"Prefill of a {prefills[0]['tokens']}-token prompt, batch 1 (median s)", "",
              "| " + " | ".join(p["decoder"] for p in prefills) + " |", "|---" * len(prefills) + "|",
              "| " + " | ".join(f"{p['median_s']:.2f}" for p in prefills) + " |"]
@@ -307,6 +420,21 @@ def render(results, prefills, errors, summary, contexts, batches) -> str:
     parts.append("\n".join(lines))
     parts.append(serving(results))
     return "\n\n".join(parts)
+
+
+def clock_table(results, clocked) -> str:
+    """The streamer clock's per-token times of generate beside the step loop's ratio at the same (batch, context)."""
+    step = {(r["decoder"], r["batch"], r["context"]): r["median_ms"] for r in results}
+    clock = {(r["decoder"], r["batch"], r["context"]): r["median_ms"] for r in clocked}
+    lines = ["generate by a streamer's clock (median ms between new tokens after the first) beside the step loop", "",
+             "| batch | context | tnn dense ms | llama ms | llama / tnn (generate) | llama / tnn (step loop) |",
+             "|---|---|---|---|---|---|"]
+    for batch, context in dict.fromkeys((r["batch"], r["context"]) for r in clocked):
+        tnn_ms, llama_ms = clock[("tnn dense", batch, context)], clock[("llama", batch, context)]
+        loop = (f"{step[('llama', batch, context)] / step[('tnn dense', batch, context)]:.2f}"
+                if ("llama", batch, context) in step else "—")
+        lines.append(f"| {batch} | {context} | {tnn_ms:.2f} | {llama_ms:.2f} | {llama_ms / tnn_ms:.2f} | {loop} |")
+    return "\n".join(lines)
 
 
 def serving(results) -> str:

@@ -80,3 +80,38 @@ def test_compiled_model_gives_the_eager_outputs(mixer):
             step = compiled(input_ids=token, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
             eager = model(input_ids=token, **{CACHE_FIELD: getattr(reference, CACHE_FIELD)})
             torch.testing.assert_close(step.logits, eager.logits)
+
+
+@pytest.mark.parametrize("mixer, mode", [("dense", "auto"), ("fd", "auto"), ("dense", "exact")])
+def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
+    """transformers' compiled path: generate with a ``compile_config`` and a user cache that says it is compileable
+    compiles the decode step with ``fullgraph=True`` (a graph break fails), and one graph serves every step: the ring
+    slots come from a tensor counter, not from the Python count, which would recompile at each step."""
+    from transformers import CompileConfig
+
+    from modeling_tnn.etsc_cache import TnnCache
+
+    torch._dynamo.reset()
+    model = _model(mixer)
+    prompt = torch.randint(1, 128, (2, 40))  # past the compact window (32 lags): the ring wraps while decoding
+    greedy = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        model(input_ids=prompt[:, :2], use_cache=True, generation_cache=mode)  # the eager fit a compiled step reads
+        eager = model.generate(prompt, generation_cache=mode, **greedy)
+        cache = TnnCache(model.config, mode=mode)
+        assert cache.is_compileable
+        config = CompileConfig(backend="eager", fullgraph=True, dynamic=None)
+        config._compile_all_devices = True  # generate compiles on CPU only when told to
+        with torch._dynamo.config.patch(recompile_limit=2):  # the first step's count, then a dynamic one
+            compiled = model.generate(prompt, cache=cache, compile_config=config, **greedy)
+    assert hasattr(model, "_compiled_call"), "generate did not take its compiled path"
+    assert torch.equal(compiled, eager)
+
+
+def test_a_cache_whose_shapes_change_is_not_compileable():
+    """ETSC's SSM is a window until its period fills, then a complex state: generate must not compile its step."""
+    from modeling_tnn.etsc_cache import TnnCache
+
+    assert not TnnCache(tiny_config("dense", decay_gamma=0.9), mode="etsc").is_compileable
+    assert not TnnCache(tiny_config("dense", decay_gamma=1.0), mode="exact").is_compileable
+    assert TnnCache(tiny_config("fd"), mode="exact").is_compileable
