@@ -268,11 +268,13 @@ class _BlockConvolution(torch.autograd.Function):
 
 
 # Most channel chunks' worth (CHUNK_ELEMENTS each) of (batch x fft_len x channels) a CPU input may have for
-# :class:`_SingleBlockConvolution`. Up to about four it takes 0.9-1.06x the chunked convolution's time (interleaved
-# forward + backward timings, one thread) with a third of its operators (116 against 377 aten events at
-# 12 x 64 x 384); beyond, its FFTs along the strided sequence dimension fall out of cache (1.5x slower at
-# 16 x 256 x 768, 2.6x at 64 x 128 x 768).
-SINGLE_BLOCK_CHUNKS = 4
+# :class:`_SingleBlockConvolution` (off CPU it serves every single block). 0: none on CPU. Per mixer it takes
+# 0.9-1.06x the chunked convolution's time up to about four chunks (one thread) with a third of its operators (116
+# against 377 aten events at 12 x 64 x 384), and 1.5-2.6x beyond (its FFTs along the strided sequence dimension fall
+# out of cache); but in a whole training step at the small-GPT size (12 x 64, width 128) four chunks measured 5-8%
+# slower than none (bench_training.py --suite small_gpt, three A/B pairs). CPU time is what counts on CPU; the
+# operator count is what carries over to accelerators, where it applies.
+SINGLE_BLOCK_CHUNKS = 0
 
 
 class _SingleBlockConvolution(torch.autograd.Function):

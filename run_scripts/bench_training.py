@@ -435,15 +435,16 @@ def count_ops(args: argparse.Namespace) -> list[dict]:
             total, names = _aten_events(forward_backward)
             optimizer_total, _ = _aten_events(update)
             # Off CPU the FFT convolution takes all channels in one chunk (on CPU it cuts them into cache-sized
-            # chunks, each a few more operators): the count as an accelerator would launch it.
-            chunk = mixer_base.CHUNK_ELEMENTS
-            mixer_base.CHUNK_ELEMENTS = 1 << 62
+            # chunks, each a few more operators) and a single block as one unchunked FFT: the count as an
+            # accelerator would launch it.
+            chunk, single = mixer_base.CHUNK_ELEMENTS, mixer_base.SINGLE_BLOCK_CHUNKS
+            mixer_base.CHUNK_ELEMENTS, mixer_base.SINGLE_BLOCK_CHUNKS = 1 << 62, 1
             try:
                 forward_backward()
                 update()
                 one_chunk, _ = _aten_events(forward_backward)
             finally:
-                mixer_base.CHUNK_ELEMENTS = chunk
+                mixer_base.CHUNK_ELEMENTS, mixer_base.SINGLE_BLOCK_CHUNKS = chunk, single
             top = dict(sorted(names.items(), key=lambda item: -item[1])[:12])
             tensors = len({id(p) for p in model.parameters()})
             rows.append(dict(family=family, model=name, n=n, batch=batch_for(args, n), forward_backward=total,

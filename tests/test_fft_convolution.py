@@ -33,8 +33,7 @@ CASES = [(9, 18, None, 0, 9, 0), (9, 18, None, 0, 17, 8), (7, 15, None, 0, 3, 1)
 def test_compact_kernel_matches_the_direct_sum_with_exact_gradients(monkeypatch, n, fft_len, step, offset, rows, lag0,
                                                                     recompute, single_block):
     """Both single-block forms (one unchunked FFT of the sequence, or the windowed one) and overlap-save."""
-    if not single_block:
-        monkeypatch.setattr(mixer_base, "SINGLE_BLOCK_CHUNKS", 0)
+    monkeypatch.setattr(mixer_base, "SINGLE_BLOCK_CHUNKS", 4 if single_block else 0)
     x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
     taps = torch.randn(rows, 3, dtype=torch.float64, requires_grad=True)
 
@@ -47,13 +46,16 @@ def test_compact_kernel_matches_the_direct_sum_with_exact_gradients(monkeypatch,
 
 def test_single_block_form_is_chosen_by_size_and_mode(monkeypatch):
     """The unchunked FFT serves single blocks of a real kernel that keep their spectra and fit SINGLE_BLOCK_CHUNKS
-    channel chunks; recomputing, activating or overlap-save inputs take the chunked convolution."""
+    channel chunks (none on CPU by default); recomputing, activating or overlap-save inputs take the chunked
+    convolution."""
     x = torch.randn(2, 9, 3, requires_grad=True)
     taps = torch.randn(9, 3, requires_grad=True)
 
     def node(**options) -> str:
         return type(fft_convolve(x, taps, 18, lag0=0, **options).grad_fn).__name__
 
+    assert node(recompute=False) == "_BlockConvolutionBackward"  # CPU's default
+    monkeypatch.setattr(mixer_base, "SINGLE_BLOCK_CHUNKS", 4)
     assert node(recompute=False) == "_SingleBlockConvolutionBackward"
     assert node(recompute=True) == "_BlockConvolutionBackward"
     assert node(recompute=False, activate=True) == "_BlockConvolutionBackward"
