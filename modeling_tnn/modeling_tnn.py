@@ -140,6 +140,14 @@ def _register_split_projection_loading() -> None:
 _register_split_projection_loading()
 
 
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` that calls nothing where it is the identity (``p == 0`` or eval mode): ``nn.Dropout`` still
+    records an operator there, one per residual branch and step (on an accelerator, a launch)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, self.p, True, self.inplace) if self.training and self.p > 0 else x
+
+
 class TnnBlock(GradientCheckpointingLayer):
     """A GTU and a GLU, each on a residual branch with a SimpleRMSNorm. ``config.norm_placement="pre"`` (default):
     ``x += drop(GTU(norm(x)))``, ``x += drop(GLU(norm(x)))``; ``"post"``: ``x = norm(x + drop(GTU(x)))``,
@@ -153,7 +161,7 @@ class TnnBlock(GradientCheckpointingLayer):
         self.gtu = Gtu(config, layer_idx)
         self.channel_norm = SimpleRMSNorm()
         self.glu = Glu(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None) -> torch.Tensor:
@@ -236,7 +244,7 @@ class TnnModel(TnnPreTrainedModel):
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         if config.embedding_layer_norm:  # absent otherwise: the state dict of today's models is unchanged
             self.embedding_norm = nn.LayerNorm(config.hidden_size)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(TnnBlock(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = build_final_norm(config)
         self.gradient_checkpointing = False
@@ -520,7 +528,7 @@ class TnnForSequenceClassification(_TnnEncoderHead):
         super().__init__(config)
         self.num_labels = self.config.num_labels
         self.dense = nn.Linear(self.config.hidden_size, self.config.hidden_size)
-        self.dropout = nn.Dropout(self.config.dropout)
+        self.dropout = Dropout(self.config.dropout)
         self.score = nn.Linear(self.config.hidden_size, self.config.num_labels)
         self.post_init()
 
@@ -568,7 +576,7 @@ class TnnForTokenClassification(_TnnEncoderHead):
     def __init__(self, config: TnnConfig):
         super().__init__(config)
         self.num_labels = self.config.num_labels
-        self.dropout = nn.Dropout(self.config.dropout)
+        self.dropout = Dropout(self.config.dropout)
         self.classifier = nn.Linear(self.config.hidden_size, self.config.num_labels)
         self.post_init()
 
