@@ -8,7 +8,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.func import functional_call
 
-from .mixer_base import tracing
+from .mixer_base import compute_dtype, tracing
 
 
 def _norm_and_scale(x: torch.Tensor, eps: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,9 +92,10 @@ class _RpeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, positions: torch.Tensor, scale: torch.Tensor | None, eps: float, *params: torch.Tensor):
         weights, biases = params[0::2], params[1::2]
-        # mm then add_ rather than addmm: addmm's broadcast of the bias is a copy and three operators more.
         positions, scale = positions[:, None], None if scale is None else scale[:, None]  # (L, 1) columns
-        z = torch.mm(positions, weights[0].t()).add_(biases[0])
+        # The first Linear maps a scalar: an outer product, one addcmul (a mm, its transposes and a bias add record
+        # twice as many operators); mm then add_ for the others (addmm's broadcast of the bias is a copy, and more).
+        z = torch.addcmul(biases[0], positions, weights[0].view(-1))
         saved = []
         eps_tensor = z.new_full((), eps)  # one 0-d tensor for every norm's eps
         for weight, bias in zip(weights[1:], biases[1:]):
@@ -159,7 +160,7 @@ class Rpe(nn.Module):
     def forward(self, positions: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """``positions``: shape ``(L,)``; returns ``(L, out_dim)`` in float32, or float64 for float64 weights, each
         row multiplied by ``scale`` (L,) when given (the dense kernel's decay)."""
-        dtype = torch.promote_types(self.pos_proj.weight.dtype, torch.float32)
+        dtype = compute_dtype(self.pos_proj.weight.dtype)  # (torch.promote_types is an operator call)
         with torch.autocast(device_type=positions.device.type, enabled=False):
             # (A no-op ``to`` is still an operator: skipped where the dtype already matches.)
             positions = positions if positions.dtype == dtype else positions.to(dtype)

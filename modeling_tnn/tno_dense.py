@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, _as_dtype, fft_convolve, fft_length, single_block, tracing, use_direct
+from .mixer_base import (TokenMixer, _as_dtype, compute_dtype, fft_convolve, fft_length, single_block, tracing,
+                         use_direct)
 from .rpe import Rpe
 
 # float32's unit roundoff: kernel taps below it relative to the kernel's peak change no float32 output.
@@ -42,7 +43,7 @@ class DenseTno(TokenMixer):
 
     def _rpe_dtype(self) -> torch.dtype:
         """What the RPE computes in (see :class:`Rpe`): float32, or float64 for float64 weights."""
-        return torch.promote_types(self.rpe.pos_proj.weight.dtype, torch.float32)
+        return compute_dtype(self.rpe.pos_proj.weight.dtype)
 
     def coefficients(self, n: int, device: torch.device) -> torch.Tensor:
         """Kernel values at lags ``0..n-1`` (causal) or ``-(n-1)..n-1`` (bidirectional), shape (lags, channels)."""
