@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, fft_convolve, single_block, smooth_size, use_direct
+from .mixer_base import TokenMixer, _as_dtype, fft_convolve, single_block, smooth_size, use_direct
 from .rpe import Rpe
 
 # Overlap-save FFT size as a multiple of the lags a block must cover: each block then yields (multiple - 1) x that
@@ -22,17 +22,24 @@ from .rpe import Rpe
 BLOCK_MULTIPLE = 4
 
 
-def hilbert_causal_kernel(real_response: torch.Tensor, grid: int) -> torch.Tensor:
+def causal_fold(grid: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(grid/2 + 1, 1): 1 at lags 0 and grid/2, 2 between: what the even part's lags weigh in the causal kernel."""
+    half = grid // 2
+    fold = torch.full((half + 1, 1), 2.0, dtype=dtype, device=device)
+    fold[0] = fold[half] = 1
+    return fold
+
+
+def hilbert_causal_kernel(real_response: torch.Tensor, grid: int, fold: torch.Tensor | None = None) -> torch.Tensor:
     """The causal kernel (lags 0..grid/2) whose spectrum has real part ``real_response`` (grid/2 + 1, c).
 
     Discrete Hilbert transform through the even part: ``h_e = irfft(Re H)`` is even; the causal kernel keeps lag 0
     and lag grid/2 once, doubles lags 1..grid/2-1 and zeroes negative lags, so ``Re rfft(h) == Re H`` exactly.
+    ``fold``: :func:`causal_fold` of the grid, if already at hand.
     """
     even = torch.fft.irfft(real_response, n=grid, dim=0)
-    half = grid // 2
-    fold = torch.full((half + 1, 1), 2.0, dtype=even.dtype, device=even.device)
-    fold[0] = fold[half] = 1
-    return even[: half + 1] * fold
+    fold = causal_fold(grid, even.dtype, even.device) if fold is None else fold
+    return even[: grid // 2 + 1] * fold
 
 
 class FdTno(TokenMixer):
@@ -45,7 +52,9 @@ class FdTno(TokenMixer):
         self.rpe = Rpe(config.rpe_dim, config.rpe_layers, channels if self.causal else 2 * channels)
 
     def frequencies(self, device: torch.device) -> torch.Tensor:
-        return torch.linspace(0, math.pi, self.grid // 2 + 1, device=device)
+        """The rfft grid's frequencies 0..pi, (grid/2 + 1,): kept from call to call (:meth:`constant`)."""
+        return self.constant(("frequencies", self.grid, device),
+                             lambda: torch.linspace(0, math.pi, self.grid // 2 + 1, device=device))
 
     def response(self, device: torch.device) -> torch.Tensor:
         """The RPE's output on the frequency grid: Re H (causal) or complex H (bidirectional), (grid/2 + 1, c)."""
@@ -53,15 +62,24 @@ class FdTno(TokenMixer):
         if self.causal:
             return out
         real, imag = out[:, : self.channels], out[:, self.channels:]
-        edge = torch.ones(out.shape[0], 1, dtype=out.dtype, device=device)
-        edge[0] = edge[-1] = 0  # a real kernel has a real spectrum at DC and Nyquist
+        edge = self.constant(("edge", out.shape[0], out.dtype, device), lambda: self._inner_bins(out))
         return torch.complex(real, imag * edge)
+
+    @staticmethod
+    def _inner_bins(out: torch.Tensor) -> torch.Tensor:
+        """(bins, 1): 0 at DC and Nyquist (a real kernel has a real spectrum there), 1 between."""
+        edge = torch.ones(out.shape[0], 1, dtype=out.dtype, device=out.device)
+        edge[0] = edge[-1] = 0
+        return edge
 
     def kernel(self, device: torch.device) -> torch.Tensor:
         """The time-domain kernel: lags 0..grid/2 (causal) or lags -grid/2..grid/2 (bidirectional; lag +-grid/2
         share the grid's Nyquist tap equally, so the circular sum of the two is the grid's own kernel)."""
         if self.causal:
-            return hilbert_causal_kernel(self.response(device), self.grid)
+            response = self.response(device)
+            fold = self.constant(("fold", self.grid, response.dtype, device),
+                                 lambda: causal_fold(self.grid, response.dtype, device))
+            return hilbert_causal_kernel(response, self.grid, fold)
         circular = torch.fft.irfft(self.response(device), n=self.grid, dim=0)
         half = self.grid // 2
         nyquist = circular[half: half + 1] / 2
@@ -124,7 +142,7 @@ class FdTno(TokenMixer):
         """The kernel's lags 0..taps (causal) or -taps..taps (bidirectional), (rows, c): what :meth:`layout` lays
         out circularly, without the zeros."""
         half = self.grid // 2
-        kernel = self.kernel(device).to(dtype)
+        kernel = _as_dtype(self.kernel(device), dtype)
         return kernel[: taps + 1] if self.causal else kernel[half - taps: half + taps + 1]
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
