@@ -1,0 +1,52 @@
+"""The operators a training step records: TNN's forward + backward at the small-GPT size within 1.5x transformers'
+GPT-2's (run_scripts/bench_training.py --suite small_gpt --count_ops, counted as an accelerator would launch them),
+and the dropout that records nothing where it is the identity."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from modeling_tnn.modeling_tnn import Dropout
+
+from conftest import PROJECT_ROOT
+
+
+def _bench_training(monkeypatch):
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "run_scripts"))  # the script imports its sibling param_matching
+    spec = importlib.util.spec_from_file_location("bench_training", PROJECT_ROOT / "run_scripts" / "bench_training.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _aten_names(run) -> list[str]:
+    from torch.profiler import profile
+
+    with profile() as prof:
+        run()
+    return [event.name for event in prof.events() if event.name.startswith("aten::")]
+
+
+@pytest.mark.parametrize("p, training", [(0.0, True), (0.3, False)])
+def test_dropout_records_nothing_where_it_is_the_identity(p, training):
+    dropout = Dropout(p).train(training)
+    x = torch.randn(4, 8)
+    assert dropout(x) is x
+    assert _aten_names(lambda: dropout(x)) == []
+
+
+def test_dropout_still_drops_in_training():
+    torch.manual_seed(0)
+    out = Dropout(0.5).train()(torch.ones(1000))
+    assert set(out.unique().tolist()) == {0.0, 2.0}
+
+
+@pytest.mark.slow
+def test_small_gpt_step_records_at_most_one_and_a_half_times_gpt2s_operators(monkeypatch):
+    bench = _bench_training(monkeypatch)
+    args = bench.parse_args(["--suite", "small_gpt", "--models", "tnn-dense,gpt2", "--count_ops"])
+    rows = {row["model"]: row for row in bench.count_ops(args)}
+    tnn, gpt2 = rows["tnn-dense"]["forward_backward_one_chunk"], rows["gpt2"]["forward_backward_one_chunk"]
+    assert tnn <= 1.5 * gpt2, f"TNN records {tnn} aten ops forward + backward, GPT-2 {gpt2}: {tnn / gpt2:.3f}x"
