@@ -238,7 +238,10 @@ class _BlockConvolution(torch.autograd.Function):
                     product = x_f.conj_physical_().mul_(g_f)
                 else:
                     product = input_spectra[index].conj_physical().mul_(g_f)
-                product = product[0, :, 0] if b * blocks == 1 else product.sum(2).sum(0)              # (k, F)
+                if blocks == 1:  # a sum over the size-1 block dim still fills and copies a whole output
+                    product = product[0, :, 0] if b == 1 else product[:, :, 0].sum(0)              # (k, F)
+                else:
+                    product = product.sum(2).sum(0)
                 if spectral:
                     grad_kernel[:, channels] = (product * weights).t()
                 else:
