@@ -6,7 +6,8 @@ with ``attn_implementation="sdpa"``, at a matched parameter count (the baselines
 position tables are not counted, as TNN has none). One torch thread.
 
 * Throughput: every model and length is built in this one process and timed once per round; the rounds interleave,
-  so a burst of load on a shared machine hits every model alike. Medians over rounds, ratios within this run.
+  so a burst of load on a shared machine hits every model alike. Medians over rounds, ratios within this run; each
+  step's forward + backward and optimizer are also timed apart, to say which of the two a gap is in.
 * Peak memory: a fresh subprocess per model and length builds the model, its AdamW optimizer and the batch, reads
   its resident set (VmRSS), resets the kernel's high-water mark (``/proc/self/clear_refs``, falling back to
   ``ru_maxrss`` where that is refused) and runs one training step (the AdamW state is created in it); the peak is
@@ -151,6 +152,7 @@ def baseline_config(kind: str, family: str, tnn, width: int, max_n: int, head_di
     if kind == "gpt2":
         return GPT2Config(vocab_size=vocab, n_positions=max_n, n_embd=d, n_layer=layers, n_head=heads, n_inner=width,
                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                          bos_token_id=tnn.bos_token_id, eos_token_id=tnn.eos_token_id,  # GPT-2's 50256: off-vocab
                           attn_implementation="sdpa")
     if kind == "llama":
         return LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=width, num_hidden_layers=layers,
@@ -311,20 +313,29 @@ def throughput(args: argparse.Namespace) -> list[dict]:
         batch = batch_for(args, n)
         steps = {}
         for (family, name), model in models.items():
-            step = make_step(args, model, family, n, batch, vocab_of(model), args.seed)
-            step()  # warm-up (allocator, AdamW state, compilation)
-            steps[family, name] = step
+            forward_backward, update = make_step(args, model, family, n, batch, vocab_of(model), args.seed, split=True)
+            forward_backward()  # warm-up (allocator, AdamW state, compilation)
+            update()
+            steps[family, name] = forward_backward, update
         times = {key: [] for key in steps}
+        optimizer_times = {key: [] for key in steps}
         for round_index in range(args.rounds):
-            for key, step in steps.items():
+            for key, (forward_backward, update) in steps.items():
                 start = time.perf_counter()
-                step()
-                times[key].append(time.perf_counter() - start)
+                forward_backward()
+                middle = time.perf_counter()
+                update()
+                end = time.perf_counter()
+                times[key].append(end - start)
+                optimizer_times[key].append(end - middle)
             print(f"n={n} round {round_index + 1}/{args.rounds}", flush=True)
         for (family, name), t in times.items():
             median = statistics.median(t)
+            optimizer = optimizer_times[family, name]
             rows.append(dict(family=family, model=name, n=n, batch=batch, median_s=median, times_s=t,
-                             tokens_per_s=batch * n / median))
+                             tokens_per_s=batch * n / median,
+                             forward_backward_median_s=statistics.median(a - b for a, b in zip(t, optimizer)),
+                             optimizer_median_s=statistics.median(optimizer), optimizer_times_s=optimizer))
         del steps
         gc.collect()
     return rows
@@ -506,6 +517,13 @@ def render(args, counts, speed, peaks) -> str:
                 row = next((r for r in speed if (r["family"], r["model"], r["n"]) == (family, name, n)), None)
                 cells.append("—" if row is None else f"{1 / row['median_s']:.3f} ({row['tokens_per_s']:.0f})")
             lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
+        lines += ["", "Where a step's time goes (median ms: forward with the loss + backward, and the optimizer's step "
+                  "+ zero_grad, timed separately within each step):", "",
+                  "| family | model | n | forward + backward | optimizer |", "|---|---|---|---|---|"]
+        for row in speed:
+            if "optimizer_median_s" in row:
+                lines.append(f"| {row['family']} | {row['model']} | {row['n']} | "
+                             f"{row['forward_backward_median_s'] * 1e3:.1f} | {row['optimizer_median_s'] * 1e3:.1f} |")
         lines += ["", "Speed ratios (a / b = time of b over time of a):", "",
                   "| ratio | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
         for family, a, b in ratios(args):
