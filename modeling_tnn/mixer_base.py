@@ -519,7 +519,7 @@ class _SiluGate(torch.autograd.Function):
         return grad_pre, grad_mixed
 
 
-def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x.to(dtype)``, skipped where it would be a no-op (which still records an operator)."""
     return x if x.dtype == dtype else x.to(dtype)
 
@@ -559,8 +559,8 @@ class TokenMixer(nn.Module):
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         dtype = compute_dtype(x.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            y = self.mix(_as_dtype(x, dtype), attention_mask)
-        return _as_dtype(y, x.dtype)
+            y = self.mix(as_dtype(x, dtype), attention_mask)
+        return as_dtype(y, x.dtype)
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
         """Mix ``x`` (b, n, channels) in the compute dtype. With ``activate`` ``x`` is the GTU's pre-activation and
@@ -597,9 +597,9 @@ class TokenMixer(nn.Module):
             if lean and v_pre.dtype == dtype:
                 with torch.autocast(device_type=v_pre.device.type, enabled=False):
                     mixed = self.mix(v_pre, attention_mask, activate=True)
-                return _SiluGate.apply(u_pre, _as_dtype(mixed, u_pre.dtype))
+                return _SiluGate.apply(u_pre, as_dtype(mixed, u_pre.dtype))
             mix = lambda v: self(v, attention_mask)  # noqa: E731
-        mixed = _as_dtype(mix(_activation(v_pre, attention_mask)), u_pre.dtype)
+        mixed = as_dtype(mix(_activation(v_pre, attention_mask)), u_pre.dtype)
         return _SiluGate.apply(u_pre, mixed) if lean else F.silu(u_pre) * mixed
 
     # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import (TokenMixer, _as_dtype, compute_dtype, fft_convolve, fft_length, single_block, tracing,
+from .mixer_base import (TokenMixer, as_dtype, compute_dtype, fft_convolve, fft_length, single_block, tracing,
                          use_direct)
 from .rpe import Rpe
 
@@ -75,13 +75,13 @@ class DenseTno(TokenMixer):
         n = x.shape[1]
         lag0 = 0 if self.causal else n - 1
         if use_direct(x.shape[0], n, x.shape[2]):
-            return self.direct(x, lambda: _as_dtype(self.coefficients(n, x.device), x.dtype), lag0, attention_mask,
+            return self.direct(x, lambda: as_dtype(self.coefficients(n, x.device), x.dtype), lag0, attention_mask,
                                activate, n)
         fft_len = fft_length(n)
         # Training hands the convolution the n (causal) or 2n - 1 real coefficients themselves: it lays them out
         # circularly chunk by chunk, and the kernel gradient comes back in the same compact shape.
         kernel = self.convolution_kernel(("spectrum", n, x.device, x.dtype),
-                                         lambda: _as_dtype(self.coefficients(n, x.device), x.dtype),
+                                         lambda: as_dtype(self.coefficients(n, x.device), x.dtype),
                                          lambda: self.spectrum(n, fft_len, x.device, x.dtype),
                                          taps_only=single_block(x, fft_len, None, self.recompute_spectra))
         return fft_convolve(x, kernel, fft_len, lag0=lag0, recompute=self.recompute_spectra,

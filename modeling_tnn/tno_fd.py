@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, _as_dtype, fft_convolve, single_block, smooth_size, use_direct
+from .mixer_base import TokenMixer, as_dtype, fft_convolve, single_block, smooth_size, use_direct
 from .rpe import Rpe
 
 # Overlap-save FFT size as a multiple of the lags a block must cover: each block then yields (multiple - 1) x that
@@ -142,7 +142,7 @@ class FdTno(TokenMixer):
         """The kernel's lags 0..taps (causal) or -taps..taps (bidirectional), (rows, c): what :meth:`layout` lays
         out circularly, without the zeros."""
         half = self.grid // 2
-        kernel = _as_dtype(self.kernel(device), dtype)
+        kernel = as_dtype(self.kernel(device), dtype)
         return kernel[: taps + 1] if self.causal else kernel[half - taps: half + taps + 1]
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
