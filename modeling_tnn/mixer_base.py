@@ -457,37 +457,39 @@ def _sequence_major(y: torch.Tensor) -> torch.Tensor:
 class _DirectToeplitz(torch.autograd.Function):
     """``y[b, i, c] = sum_j t_c(i - j) x[b, j, c]`` as one batched product with the (n, n) Toeplitz matrix per
     channel, with a hand-written backward: the input gradient is the product with the transposed matrices, the
-    kernel's the diagonal sums of ``g x^T``. Keeps the input (channel-major) and the taps; rebuilds the matrices."""
+    kernel's the diagonal sums of ``g x^T``. Keeps the input (channel-major) and the matrices: rebuilding them in
+    backward records ~19 operators (pad, flip and their views), and they weigh at most twice the input (the batch
+    rule of :func:`use_direct`) and ``DIRECT_MAX_ENTRIES`` floats."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, taps: torch.Tensor, lag0: int) -> torch.Tensor:
         channel_major = _channel_major(x)                                             # (c, b, n)
         matrices = _toeplitz_matrices(_lag_rows(taps, x.shape[1], lag0))
         y = torch.bmm(channel_major, matrices.transpose(1, 2))                         # (c, b, n)
-        ctx.save_for_backward(channel_major if ctx.needs_input_grad[1] else None, taps)
-        ctx.lag0 = lag0
+        ctx.save_for_backward(channel_major if ctx.needs_input_grad[1] else None,
+                              matrices if ctx.needs_input_grad[0] else None)
+        ctx.lag0, ctx.rows = lag0, taps.shape[0]
         return _sequence_major(y)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        channel_major, taps = ctx.saved_tensors
+        channel_major, matrices = ctx.saved_tensors
         b, n, c = grad.shape
         grad_major = _channel_major(grad)                                              # (c, b, n)
         grad_x = grad_taps = None
         if ctx.needs_input_grad[0]:
-            matrices = _toeplitz_matrices(_lag_rows(taps, n, ctx.lag0))
             grad_x = _sequence_major(torch.bmm(grad_major, matrices))
         if ctx.needs_input_grad[1]:
             lags = _diagonal_sums(torch.bmm(grad_major.transpose(1, 2), channel_major))  # (c, 2n - 1)
-            rows = taps.shape[0]
+            rows = ctx.rows
             low, high = max(0, ctx.lag0 - (n - 1)), min(rows, ctx.lag0 + n)
             start = (n - 1) - (ctx.lag0 - low)
             inside = lags[:, start: start + high - low].t()
             if high - low == rows:
                 grad_taps = inside.contiguous()
             else:  # taps at lags no output reaches
-                grad_taps = taps.new_zeros(rows, c)
+                grad_taps = lags.new_zeros(rows, c)
                 grad_taps[low:high] = inside
         return grad_x, grad_taps, None
 
