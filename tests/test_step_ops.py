@@ -1,6 +1,6 @@
-"""The operators a training step records: TNN's forward + backward at the small-GPT size within 1.5x transformers'
-GPT-2's (run_scripts/bench_training.py --suite small_gpt --count_ops, counted as an accelerator would launch them),
-and the dropout that records nothing where it is the identity."""
+"""The operators a training step records: TNN's forward + backward within 1.5x transformers' GPT-2's on both mixer
+paths, the FFT one at the small-GPT size and the direct product (run_scripts/bench_training.py --count_ops, counted
+as an accelerator would launch them), and the dropout that records nothing where it is the identity."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from modeling_tnn.mixer_base import use_direct
 from modeling_tnn.modeling_tnn import Dropout
 
 from conftest import PROJECT_ROOT
@@ -44,9 +45,15 @@ def test_dropout_still_drops_in_training():
 
 
 @pytest.mark.slow
-def test_small_gpt_step_records_at_most_one_and_a_half_times_gpt2s_operators(monkeypatch):
+@pytest.mark.parametrize("argv, direct", [
+    (["--suite", "small_gpt"], False),  # batch 12 < n / 2: the FFT path
+    (["--families", "causal", "--lengths", "64", "--tokens", "2048", "--hidden_size", "128"], True),  # batch 32
+], ids=["small_gpt_fft_path", "direct_path"])
+def test_step_records_at_most_one_and_a_half_times_gpt2s_operators(monkeypatch, argv, direct):
     bench = _bench_training(monkeypatch)
-    args = bench.parse_args(["--suite", "small_gpt", "--models", "tnn-dense,gpt2", "--count_ops"])
+    args = bench.parse_args([*argv, "--models", "tnn-dense,gpt2", "--count_ops"])
+    config = bench.tnn_config(args, "causal", "dense")
+    assert use_direct(bench.batch_for(args, 64), 64, config.gtu_dim) is direct
     rows = {row["model"]: row for row in bench.count_ops(args)}
     tnn, gpt2 = rows["tnn-dense"]["forward_backward_one_chunk"], rows["gpt2"]["forward_backward_one_chunk"]
     assert tnn <= 1.5 * gpt2, f"TNN records {tnn} aten ops forward + backward, GPT-2 {gpt2}: {tnn / gpt2:.3f}x"
