@@ -1,9 +1,11 @@
 """Shared fixtures and helpers: tiny configs for every token mixer, a tokenizer trained on the fly, the shared data
-folder, the bytes autograd saves, and the extractive-QA recipe (the best span of the context) answers are checked with."""
+folder, the bytes autograd saves, run_scripts/ modules by path, and the extractive-QA recipe (the best span of the context) answers are checked with."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,20 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Token mixers available to every model class; causal classes use CAUSAL_MIXERS (SKI is bidirectional only).
 MIXERS = ("dense", "fd", "ski")
 CAUSAL_MIXERS = tuple(m for m in MIXERS if m != "ski")
+
+
+def load_script(name: str):
+    """A run_scripts/ module by path (the scripts are entry points, not a package); the folder is on ``sys.path``
+    while it loads, for the scripts that import a sibling."""
+    scripts = str(PROJECT_ROOT / "run_scripts")
+    spec = importlib.util.spec_from_file_location(name, PROJECT_ROOT / "run_scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, scripts)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(scripts)
+    return module
 
 
 def tiny_config(token_mixer: str = "dense", **overrides):

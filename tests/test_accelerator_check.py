@@ -3,7 +3,6 @@ there refused before anything runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "run_scripts" / "accelerator_check.py"
 
 
 def test_an_absent_or_malformed_device_is_refused(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = load_script("accelerator_check")
     for device, message in [("gpu0", "--device 'gpu0' is not a torch device"), ("meta:7", "device(s)")]:
         assert check.main(["--device", device, "--output_dir", str(tmp_path / "out")]) == 2
         assert message in capsys.readouterr().err

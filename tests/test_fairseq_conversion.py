@@ -5,7 +5,6 @@ here from the reference's definitions on the reference's own tensor names; and t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 
@@ -19,7 +18,7 @@ from modeling_tnn import TnnForCausalLM
 from modeling_tnn.recipes.fairseq.checkpoint import build_config
 from modeling_tnn.recipes.fairseq.conversion import convert_fairseq_checkpoint
 
-from conftest import PROJECT_ROOT
+from conftest import load_script
 from remote_code import run_with_package_blocked
 
 WORDS = [f"w{i}" for i in range(20)]  # dict.txt lines: ids 4..23 (24 rows; 25 with the masked LM's <mask>)
@@ -448,10 +447,7 @@ def test_a_checkpoint_needing_more_than_namespace_needs_trust(tmp_path):
 
 
 def test_command_line_entry_point(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "convert_fairseq_checkpoint", PROJECT_ROOT / "run_scripts" / "convert_fairseq_checkpoint.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("convert_fairseq_checkpoint")
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", lm_state(), args=lm_args())
     script.main(["--checkpoint_path", str(ckpt), "--pytorch_dump_folder_path", str(tmp_path / "hf")])
     assert "Converted" in capsys.readouterr().out

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,17 +37,7 @@ from modeling_tnn.recipes.listops.training import (
     summarize_runs,
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script(name: str):
-    """A run_scripts/ module by path (the scripts are entry points, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, PROJECT_ROOT / "run_scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_script
 
 
 # -- evaluator ---------------------------------------------------------------------------------------------------------

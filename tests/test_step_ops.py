@@ -4,30 +4,12 @@ as an accelerator would launch them), and the dropout that records nothing where
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from modeling_tnn.mixer_base import use_direct
 from modeling_tnn.modeling_tnn import Dropout
 
-from conftest import PROJECT_ROOT
-
-
-def _bench_training(monkeypatch):
-    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "run_scripts"))  # the script imports its sibling param_matching
-    spec = importlib.util.spec_from_file_location("bench_training", PROJECT_ROOT / "run_scripts" / "bench_training.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _aten_names(run) -> list[str]:
-    from torch.profiler import profile
-
-    with profile() as prof:
-        run()
-    return [event.name for event in prof.events() if event.name.startswith("aten::")]
+from conftest import load_script
 
 
 @pytest.mark.parametrize("p, training", [(0.0, True), (0.3, False)])
@@ -35,7 +17,7 @@ def test_dropout_records_nothing_where_it_is_the_identity(p, training):
     dropout = Dropout(p).train(training)
     x = torch.randn(4, 8)
     assert dropout(x) is x
-    assert _aten_names(lambda: dropout(x)) == []
+    assert load_script("bench_training")._aten_events(lambda: dropout(x)) == (0, {})
 
 
 def test_dropout_still_drops_in_training():
@@ -49,8 +31,8 @@ def test_dropout_still_drops_in_training():
     (["--suite", "small_gpt"], False),  # batch 12 < n / 2: the FFT path
     (["--families", "causal", "--lengths", "64", "--tokens", "2048", "--hidden_size", "128"], True),  # batch 32
 ], ids=["small_gpt_fft_path", "direct_path"])
-def test_step_records_at_most_one_and_a_half_times_gpt2s_operators(monkeypatch, argv, direct):
-    bench = _bench_training(monkeypatch)
+def test_step_records_at_most_one_and_a_half_times_gpt2s_operators(argv, direct):
+    bench = load_script("bench_training")
     args = bench.parse_args([*argv, "--models", "tnn-dense,gpt2", "--count_ops"])
     config = bench.tnn_config(args, "causal", "dense")
     assert use_direct(bench.batch_for(args, 64), 64, config.gtu_dim) is direct
