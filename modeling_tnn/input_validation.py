@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .mixer_base import tracing
+from .runtime import tracing
 
 
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:

@@ -10,32 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """FFTs run in at least float32: half precision is upcast, float64 stays float64."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def smooth_size(minimum: int) -> int:
-    """Smallest 2^a 3^b 5^c >= ``minimum``: FFT sizes that stay fast whatever the length they must cover."""
-    best = 1 << max(minimum - 1, 0).bit_length()
-    p3 = 1
-    while p3 < best:
-        p35 = p3
-        while p35 < best:
-            size = p35
-            while size < minimum:
-                size *= 2
-            best = min(best, size)
-            p35 *= 5
-        p3 *= 3
-    return best
-
-
-def fft_length(n: int) -> int:
-    """Smallest 2^a 3^b 5^c >= 2n: a linear (not circular) convolution of n samples with a kernel of lags
-    -(n-1)..n-1 needs at least 2n - 1 points, and smooth sizes keep the FFT fast for any n."""
-    return smooth_size(2 * n)
+from .ops_fft_sizes import fft_length, smooth_size  # noqa: F401  (re-exported for the mixers)
+from .runtime import as_dtype, compute_dtype, tracing  # noqa: F401
 
 
 # Elements of one channel chunk's window buffer on CPU. The convolution runs chunk by chunk over the channels
@@ -519,18 +495,6 @@ class _SiluGate(torch.autograd.Function):
         grad_pre = torch.ops.aten.silu_backward(grad * mixed, pre) if ctx.needs_input_grad[0] else None
         grad_mixed = grad * F.silu(pre) if ctx.needs_input_grad[1] else None
         return grad_pre, grad_mixed
-
-
-def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x.to(dtype)``, skipped where it would be a no-op (which still records an operator)."""
-    return x if x.dtype == dtype else x.to(dtype)
-
-
-def tracing() -> bool:
-    """True under torch.compile or torch.export, where parameters may be fake tensors (no storage, no values)."""
-    from torch._guards import detect_fake_mode
-
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or detect_fake_mode() is not None
 
 
 # Parameter-free tensors (TokenMixer.constant) a mixer keeps: one or two per input length it has seen.

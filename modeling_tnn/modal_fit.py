@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
-from .mixer_base import smooth_size
+from .ops_fft_sizes import smooth_size
 from .tno_dense import DenseTno
 
 # Columns of the randomised subspace iteration beyond the realisation's rank.

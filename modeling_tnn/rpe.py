@@ -8,7 +8,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.func import functional_call
 
-from .mixer_base import compute_dtype, tracing
+from .runtime import compute_dtype, tracing
 
 
 def _norm_and_scale(x: torch.Tensor, eps: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
