@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_script
+from tests.support import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "run_scripts" / "accelerator_check.py"
 

@@ -14,7 +14,7 @@ from modeling_tnn.etsc_cache import TnnCache, mix_with_cache
 from modeling_tnn.modal_fit import float64_taps, fit_modal_tail, modal_taps, rpe_supremum
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 WINDOW = 32  # the ladder's window: the switch point where the modes take over
 

@@ -8,7 +8,7 @@ import torch
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 
 def _loss_and_grads(model, ids, run=None):

@@ -15,8 +15,8 @@ import pytest
 from modeling_tnn import (TnnConfig, TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswering,
                           TnnForSequenceClassification, TnnForTokenClassification, TnnModel, list_presets, load_preset)
 
-from conftest import PROJECT_ROOT, tiny_config
-from remote_code import run_with_package_blocked
+from tests.support import PROJECT_ROOT, tiny_config
+from tests.remote_code import run_with_package_blocked
 
 
 HEADS = [(TnnModel, True), (TnnForCausalLM, True), (TnnForMaskedLM, False), (TnnForSequenceClassification, False),

@@ -9,7 +9,7 @@ from modeling_tnn.mixer_base import fft_convolve, fft_length
 from modeling_tnn.naive import toeplitz_matmul
 from modeling_tnn.tno_dense import DenseTno
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
 
-from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
+from tests.support import CAUSAL_MIXERS, MIXERS, tiny_config
 
 # 37 tokens: FFT sizes that are not powers of two (fft_length(37) = 75), which cuFFT cannot run in half precision.
 LENGTH = 37

@@ -12,7 +12,7 @@ from modeling_tnn.naive import direct_convolution
 from modeling_tnn.tno_dense import DenseTno
 from modeling_tnn.tno_fd import FdTno
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 # (n, rows, lag0): causal kernels (lag0 = 0) as long as the input, shorter, longer; two-sided kernels of lags
 # -(n-1)..n-1, narrower (FD's fixed support) and wider than the input reaches.

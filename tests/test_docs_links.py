@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT_ROOT
+from tests.support import PROJECT_ROOT
 
 PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 # [text](target) and ![alt](target), outside code; the target ends at the first space or closing parenthesis.

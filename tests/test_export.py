@@ -11,7 +11,7 @@ import torch
 from modeling_tnn import TnnForCausalLM, TnnModel
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
+from tests.support import CAUSAL_MIXERS, MIXERS, tiny_config
 
 
 def _model(mixer):

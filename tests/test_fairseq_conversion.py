@@ -18,8 +18,8 @@ from modeling_tnn import TnnForCausalLM
 from modeling_tnn.recipes.fairseq.checkpoint import build_config
 from modeling_tnn.recipes.fairseq.conversion import convert_fairseq_checkpoint
 
-from conftest import load_script
-from remote_code import run_with_package_blocked
+from tests.support import load_script
+from tests.remote_code import run_with_package_blocked
 
 WORDS = [f"w{i}" for i in range(20)]  # dict.txt lines: ids 4..23 (24 rows; 25 with the masked LM's <mask>)
 LM = "decoder."

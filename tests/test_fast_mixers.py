@@ -9,7 +9,7 @@ from modeling_tnn.naive import toeplitz_matmul
 from modeling_tnn.tno_fd import FdTno
 from modeling_tnn.tno_ski import SkiTno, interpolation_weights
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 
 def _fd(causal, kernel_length=16, channels=3):

@@ -12,7 +12,7 @@ from modeling_tnn.tno_fd import FdTno
 
 from modeling_tnn.naive import direct_convolution, toeplitz_matrix
 
-from conftest import saved_bytes, tiny_config
+from tests.support import saved_bytes, tiny_config
 
 
 @pytest.fixture(autouse=True)

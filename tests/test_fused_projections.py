@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
 from modeling_tnn.naive import glu, gtu_gate
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 SPLITS = {"gtu.uv_proj": ("gtu.u_proj", "gtu.v_proj"), "glu.gate_up_proj": ("glu.gate_proj", "glu.up_proj")}
 

@@ -8,7 +8,7 @@ from modeling_tnn import mixer_base
 from modeling_tnn.modeling_tnn import build_token_mixer
 from modeling_tnn.naive import gtu_gate
 
-from conftest import saved_bytes, tiny_config
+from tests.support import saved_bytes, tiny_config
 
 CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False), ("ski", False)]
 

@@ -11,7 +11,7 @@ from modeling_tnn import TnnForCausalLM
 from modeling_tnn.etsc_cache import TnnCache, dft_modes, etsc_modes, half_spectrum, ssm_kernel
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from conftest import CAUSAL_MIXERS, tiny_config
+from tests.support import CAUSAL_MIXERS, tiny_config
 
 # A short ETSC horizon (and FD kernel) keeps "within" and "beyond the horizon" cheap to test.
 HORIZON = 16

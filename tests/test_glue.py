@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from tests.support import tiny_config
 from transformers import EvalPrediction
 
 from modeling_tnn import TnnForMaskedLM

@@ -11,7 +11,7 @@ from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassific
 from modeling_tnn.input_validation import validate_model_inputs
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 VOCAB, WIDTH = 128, 32  # the tiny preset
 

@@ -4,8 +4,8 @@ unimportable in a subprocess), and a recipe started without the extra stops with
 from __future__ import annotations
 
 import pytest
-from conftest import PROJECT_ROOT
-from remote_code import run_python
+from tests.support import PROJECT_ROOT
+from tests.remote_code import run_python
 
 from modeling_tnn.recipes.common.extras import INSTALL_COMMAND
 

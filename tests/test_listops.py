@@ -37,7 +37,7 @@ from modeling_tnn.recipes.listops.training import (
     summarize_runs,
 )
 
-from conftest import load_script
+from tests.support import load_script
 
 
 # -- evaluator ---------------------------------------------------------------------------------------------------------

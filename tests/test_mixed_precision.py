@@ -12,7 +12,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from test_device import assert_float32_token_mixing, assert_low_precision_projections_and_float32_ffts, observed_dtypes
+from tests.test_device import assert_float32_token_mixing, assert_low_precision_projections_and_float32_ffts, observed_dtypes
 from test_training import TINY
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
@@ -20,7 +20,7 @@ from modeling_tnn.recipes.pretraining import setup as lm_setup
 from modeling_tnn.recipes.pretraining import training as lm_training
 from modeling_tnn.recipes.pretraining.sharding import _autocast_forward
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 
 @pytest.mark.parametrize("mixer", ["dense", "fd"])

@@ -13,7 +13,7 @@ from modeling_tnn.modal_fit import (certified_bound, compact_tail, fit_residues,
                                     modal_taps, modal_values)
 from modeling_tnn.mixer_base import smooth_size
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 
 def _poles_and_residues(channels=3, modes=5, seed=0):

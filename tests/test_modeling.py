@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 from modeling_tnn.etsc_cache import TnnCache
 
-from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
+from tests.support import CAUSAL_MIXERS, MIXERS, tiny_config
 
 # Row lengths padded to 70: rows cross a power of two (37 -> 70) and a row fills the batch.
 LENGTHS = (37, 70, 12)

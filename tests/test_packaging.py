@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from conftest import PROJECT_ROOT
+from tests.support import PROJECT_ROOT
 
 from modeling_tnn.recipes.common.extras import TRAIN_MODULES
 

@@ -15,8 +15,8 @@ from transformers import AutoModelForSequenceClassification
 from modeling_tnn import TnnConfig, TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from conftest import CAUSAL_MIXERS, MIXERS, tiny_config
-from remote_code import run_with_package_blocked
+from tests.support import CAUSAL_MIXERS, MIXERS, tiny_config
+from tests.remote_code import run_with_package_blocked
 
 NEW_FIELDS = ("norm_placement", "embedding_layer_norm", "scale_embeddings", "final_norm", "classifier_pooling")
 # The two paper architectures and a mix that no preset uses, at tiny sizes.

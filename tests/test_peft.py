@@ -9,7 +9,7 @@ import torch
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
 from modeling_tnn.rpe import Rpe
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 peft = pytest.importorskip("peft", reason="peft is a dev dependency: pip install -e '.[dev]'")
 

@@ -7,7 +7,7 @@ from transformers import pipeline
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification
 
-from conftest import tiny_config
+from tests.support import tiny_config
 
 
 def _save(tmp_path, model, tokenizer):

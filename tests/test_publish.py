@@ -18,10 +18,10 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, extract_answer, head_scores, tiny_config
+from tests.support import PROJECT_ROOT, extract_answer, head_scores, tiny_config
 from huggingface_hub import HfApi, ModelCard
 from transformers import pipeline
-from remote_code import run_with_package_blocked
+from tests.remote_code import run_with_package_blocked
 
 from modeling_tnn import (
     TnnForCausalLM,

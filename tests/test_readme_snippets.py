@@ -10,7 +10,7 @@ import pytest
 
 from modeling_tnn import TnnForCausalLM, TnnForQuestionAnswering, TnnForTokenClassification
 
-from conftest import PROJECT_ROOT, tiny_config
+from tests.support import PROJECT_ROOT, tiny_config
 
 SNIPPETS = re.findall(r"```python\n(.*?)```", (PROJECT_ROOT / "README.md").read_text(), re.S)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from conftest import PROJECT_ROOT
+from tests.support import PROJECT_ROOT
 
 RECIPES = PROJECT_ROOT / "modeling_tnn" / "recipes"
 # group -> the other groups it may import

@@ -14,8 +14,8 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 from modeling_tnn import (TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswering, TnnForSequenceClassification,
                           TnnForTokenClassification, TnnModel)
 
-from remote_code import run_with_package_blocked
-from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
+from tests.remote_code import run_with_package_blocked
+from tests.support import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
 
 AUTO_CLASSES = {
     "AutoModel": AutoModel,

@@ -9,7 +9,7 @@ import torch
 from modeling_tnn.mixer_base import use_direct
 from modeling_tnn.modeling_tnn import Dropout
 
-from conftest import load_script
+from tests.support import load_script
 
 
 @pytest.mark.parametrize("p, training", [(0.0, True), (0.3, False)])

@@ -15,8 +15,8 @@ from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassif
 
 from modeling_tnn import TnnForMaskedLM, TnnForQuestionAnswering, TnnForTokenClassification
 
-from remote_code import run_with_package_blocked
-from conftest import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, answer_span, extract_answer, head_scores, tiny_config
+from tests.remote_code import run_with_package_blocked
+from tests.support import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, answer_span, extract_answer, head_scores, tiny_config
 
 HEADS = (TnnForTokenClassification, TnnForQuestionAnswering)
 LABELS = {"id2label": {0: "O", 1: "B-KW", 2: "I-KW"}, "label2id": {"O": 0, "B-KW": 1, "I-KW": 2}}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT
-from remote_code import run_with_package_blocked
+from tests.support import PROJECT_ROOT
+from tests.remote_code import run_with_package_blocked
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import checkpoints
