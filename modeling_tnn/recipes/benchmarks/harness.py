@@ -133,6 +133,24 @@ def interleaved(workloads: Mapping[Hashable, Workload], rounds: int, warmup: int
     return timings
 
 
+def interleaved_samples(samplers: Mapping[Hashable, Callable[[], float]], rounds: int, warmup: int = 0,
+                        progress: str | None = None) -> dict[Hashable, Timing]:
+    """Interleaved rounds of measurements a workload takes itself (each call returns its seconds, e.g. the
+    :class:`StreamerClock` of a ``generate`` call): every sampler once per round, after ``warmup`` discarded
+    rounds."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}.")
+    timings = {key: Timing() for key in samplers}
+    for index in range(warmup + rounds):
+        for key, sample in samplers.items():
+            value = sample()
+            if index >= warmup:
+                timings[key].samples.append(value)
+        if progress and index >= warmup:
+            print(f"{progress}: round {index - warmup + 1}/{rounds}", flush=True)
+    return timings
+
+
 def time_once(function: Callable[[], Any], clock: Clock = CLOCK) -> tuple[Any, float]:
     """``(function(), seconds it took)``: for an event that happens once (a fit, a profiled step)."""
     start = clock()
