@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -35,15 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from param_matching import closest_size, count_parameters
 
+from modeling_tnn.recipes.benchmarks.harness import interleaved, machine, source_state, workload
+from modeling_tnn.recipes.benchmarks.reference_models import closest_size, count_parameters
 from modeling_tnn.recipes.common.run_files import METRICS_FILE
 from modeling_tnn.recipes.common.data_location import find_data_dir
 from modeling_tnn.recipes.pretraining.arguments import parse_args
 from modeling_tnn.recipes.pretraining.evaluation import evaluate_lengths
 from modeling_tnn.recipes.pretraining.training import run
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("tinyshakespeare", "wikitext2")
 MODELS = ("tnn_dense", "tnn_fd", "gpt2")
 TARGET_LOSS_RATIO = 1.02  # TNN validation loss within 2% of GPT-2's, or better
@@ -130,15 +128,16 @@ def measure_throughput(builders: dict[str, Any], batch_size: int, block_size: in
         optimizers[name].step()
         optimizers[name].zero_grad()
 
-    for name in models:  # warm-up (allocations, FFT plans)
-        step(name)
-    names, speeds = list(models), {name: [] for name in models}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            start = time.perf_counter()
+    def steps_of(name: str):
+        def run_steps() -> None:
             for _ in range(steps):
                 step(name)
-            speeds[name].append(steps * batch.numel() / (time.perf_counter() - start))
+        return workload(run_steps)
+
+    # The harness's interleaved rounds, the order rotating each round, after a warm-up (allocations, FFT plans).
+    timings = interleaved({name: steps_of(name) for name in models}, rounds=rounds, warmup=1, rotate=True)
+    speeds = {name: [steps * batch.numel() / seconds for seconds in timing.samples]
+              for name, timing in timings.items()}
     out = {}
     for name, values in speeds.items():
         out[name] = {"tokens_per_second_median": statistics.median(values)}
@@ -310,20 +309,6 @@ def plot(section: dict[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def git_state() -> str | None:
-    """``<commit>`` of the project, with ``+changes`` when the working tree differs from it (None outside git)."""
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit + ("+changes" if dirty else "")
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated, from {DATASETS}")
@@ -359,8 +344,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                        " " + " ".join(sys.argv[1:] if argv is None else argv))
     report: dict[str, Any] = {
         "command": command,
-        "environment": {"python": platform.python_version(), "torch": torch.__version__, "threads": args.threads,
-                        "machine": platform.machine(), "cpu_count": os.cpu_count(), "git": git_state()},
+        "source": source_state(),
+        "environment": {**machine(), "threads": args.threads},
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work_dir")},
         "datasets": {},
     }

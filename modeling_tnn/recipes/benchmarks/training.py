@@ -52,7 +52,6 @@ from .harness import CLOCK, Timing, Workload, command_line, interleaved, set_thr
 from .op_count import aten_events
 from .policies import accelerator_like_policy
 from .reference_models import (
-    BASELINE_CLASSES,
     POSITION_TABLES,
     MinimalGpt,
     baseline_model,

@@ -3,14 +3,14 @@ recurrent cache against a full recompute."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
 
 import torch
 from transformers import (
     PreTrainedTokenizerBase,
 )
+
+from ..benchmarks.harness import interleaved, workload
 
 
 @torch.no_grad()
@@ -39,10 +39,10 @@ def time_generation(model: torch.nn.Module, contexts: Sequence[int], new_tokens:
       cache=out.cache)`` per token (``past_key_values=`` on transformers 5.23);
     * no cache: ``model(input_ids=sequence_so_far, use_cache=False)`` per token, the sequence growing by one.
 
-    The contexts are random token ids (the time does not depend on the text). The measurements are interleaved
-    (each round times one token of every kind at every length), so that a burst of load on a shared machine spreads
-    over all of them, after one untimed round. Returns ``[{"context": n, "cached_ms": ..., "no_cache_ms": ...,
-    "speedup": ...}, ...]``."""
+    The contexts are random token ids (the time does not depend on the text). The measurements are the benchmark
+    harness's interleaved rounds (each round times one token of every kind at every length, so that a burst of load
+    on a shared machine spreads over all of them), after one untimed round. Returns ``[{"context": n, "cached_ms":
+    ..., "no_cache_ms": ..., "speedup": ...}, ...]``."""
     from modeling_tnn.modeling_tnn import CACHE_FIELD  # "cache" on transformers 5.24, "past_key_values" on 5.23
 
     device = next(model.parameters()).device
@@ -54,28 +54,27 @@ def time_generation(model: torch.nn.Module, contexts: Sequence[int], new_tokens:
     for length in contexts:
         ids = torch.randint(0, vocab, (1, length), generator=generator).to(device)
         out = model(input_ids=ids, use_cache=True)
-        state[length] = {"cache": getattr(out, CACHE_FIELD), "token": out.logits[:, -1:].argmax(-1),
-                         "sequence": ids, "cached": [], "full": []}
-    for round_index in range(new_tokens + 1):  # round 0 is a warm-up
-        for length in contexts:
-            entry = state[length]
-            start = time.perf_counter()
-            out = model(input_ids=entry["token"], use_cache=True, **{CACHE_FIELD: entry["cache"]})
-            entry["token"] = out.logits[:, -1:].argmax(-1)
-            elapsed = time.perf_counter() - start
-            entry["cache"] = getattr(out, CACHE_FIELD)
-            if round_index:
-                entry["cached"].append(elapsed)
-            start = time.perf_counter()
-            logits = model(input_ids=entry["sequence"], use_cache=False).logits
-            entry["sequence"] = torch.cat([entry["sequence"], logits[:, -1:].argmax(-1)], dim=1)
-            if round_index:
-                entry["full"].append(time.perf_counter() - start)
+        state[length] = {"cache": getattr(out, CACHE_FIELD), "token": out.logits[:, -1:].argmax(-1), "sequence": ids}
+
+    def cached_token(entry: dict) -> None:
+        out = model(input_ids=entry["token"], use_cache=True, **{CACHE_FIELD: entry["cache"]})
+        entry["token"] = out.logits[:, -1:].argmax(-1)
+        entry["cache"] = getattr(out, CACHE_FIELD)
+
+    def recomputed_token(entry: dict) -> None:
+        logits = model(input_ids=entry["sequence"], use_cache=False).logits
+        entry["sequence"] = torch.cat([entry["sequence"], logits[:, -1:].argmax(-1)], dim=1)
+
+    workloads = {}
+    for length in contexts:
+        workloads[length, "cached"] = workload(lambda entry=state[length]: cached_token(entry))
+        workloads[length, "full"] = workload(lambda entry=state[length]: recomputed_token(entry))
+    timings = interleaved(workloads, rounds=new_tokens, warmup=1)
     model.train(was_training)
     rows = []
     for length in contexts:
-        cached_ms = 1e3 * statistics.median(state[length]["cached"])
-        full_ms = 1e3 * statistics.median(state[length]["full"])
+        cached_ms = 1e3 * timings[length, "cached"].median
+        full_ms = 1e3 * timings[length, "full"].median
         rows.append({"context": length, "cached_ms": cached_ms, "no_cache_ms": full_ms,
                      "speedup": full_ms / max(cached_ms, 1e-9)})
     return rows
