@@ -12,7 +12,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_PIP_FLAGS = $(if $(strip $(TORCH_INDEX_URL)),--extra-index-url $(TORCH_INDEX_URL) --retries 1)
 
-.PHONY: install demo test test-fast glue clean
+.PHONY: install demo test test-fast glue bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ test-fast: install  ## the test suite without the tests marked slow (subprocesse
 
 glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), finetune both on every local GLUE task
 	$(PY) run_scripts/glue_recipe.py --results_dir results/glue
+
+bench: install  ## every results/bench_* folder regenerated (about 17 minutes on 2 idle cores; run on an idle machine)
+	$(PY) run_scripts/bench_all.py --results_root results
 
 clean:
 	rm -rf $(VENV) build *.egg-info
