@@ -49,8 +49,8 @@ PLAN = (
     Step("bench_training/causal", TRAINING, ("--families", "causal", "--lengths", "128,2048", "--memory_lengths", "",
                                              "--rounds", "5"),
          ("--families", "causal", "--lengths", "64,256", *LM_QUICK)),
-    # The operators of a causal step on the direct path (batch 32 of 64 tokens).
-    Step("bench_training/causal_ops", TRAINING, ("--families", "causal", "--lengths", "64", "--tokens", "2048",
+    # The operators of a width-256 causal step at 2,048 tokens (batch 32 of 64 tokens, 16 of 128).
+    Step("bench_training/causal_ops", TRAINING, ("--families", "causal", "--lengths", "64,128", "--tokens", "2048",
                                                  "--count_ops"),
          ("--families", "causal", "--lengths", "64", "--tokens", "2048", "--hidden_size", "64", "--count_ops",
           "--models", "tnn-dense,gpt2")),
