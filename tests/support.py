@@ -4,9 +4,9 @@ with."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
+import runpy
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,23 +14,16 @@ import torch
 from modeling_tnn import load_preset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = PROJECT_ROOT / "run_scripts"
 # Token mixers available to every model class; causal classes use CAUSAL_MIXERS (SKI is bidirectional only).
 MIXERS = ("dense", "fd", "ski")
 CAUSAL_MIXERS = tuple(m for m in MIXERS if m != "ski")
 
 
-def load_script(name: str):
-    """A run_scripts/ module by path (the scripts are entry points, not a package); the folder is on ``sys.path``
-    while it loads, for the scripts that import a sibling."""
-    scripts = str(PROJECT_ROOT / "run_scripts")
-    spec = importlib.util.spec_from_file_location(name, PROJECT_ROOT / "run_scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, scripts)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(scripts)
-    return module
+def script_main(name: str) -> Callable:
+    """The ``main`` of ``run_scripts/<name>.py``, run as a module rather than as ``__main__`` (no ``sys.path`` edit:
+    the scripts import only the package)."""
+    return runpy.run_path(str(SCRIPTS / f"{name}.py"))["main"]
 
 
 def tiny_config(token_mixer: str = "dense", **overrides):

@@ -1,6 +1,6 @@
 """The operators a training step records: TNN's forward + backward within 1.5x transformers' GPT-2's on both mixer
-paths, the FFT one at the small-GPT size and the direct product (run_scripts/bench_training.py --count_ops, counted
-as an accelerator would launch them), and the dropout that records nothing where it is the identity."""
+paths, the FFT one at the small-GPT size and the direct product (the training benchmark's ``--count_ops``, counted as
+an accelerator would launch them), and the dropout that records nothing where it is the identity."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from modeling_tnn.mixer_base import use_direct
 from modeling_tnn.modeling_tnn import Dropout
-
-from tests.support import load_script
+from modeling_tnn.recipes.benchmarks import training as bench
+from modeling_tnn.recipes.benchmarks.op_count import aten_events
 
 
 @pytest.mark.parametrize("p, training", [(0.0, True), (0.3, False)])
@@ -17,7 +17,7 @@ def test_dropout_records_nothing_where_it_is_the_identity(p, training):
     dropout = Dropout(p).train(training)
     x = torch.randn(4, 8)
     assert dropout(x) is x
-    assert load_script("bench_training")._aten_events(lambda: dropout(x)) == (0, {})
+    assert aten_events(lambda: dropout(x)) == (0, {})
 
 
 def test_dropout_still_drops_in_training():
@@ -32,7 +32,6 @@ def test_dropout_still_drops_in_training():
     (["--families", "causal", "--lengths", "64", "--tokens", "2048", "--hidden_size", "128"], True),  # batch 32
 ], ids=["small_gpt_fft_path", "direct_path"])
 def test_step_records_at_most_one_and_a_half_times_gpt2s_operators(argv, direct):
-    bench = load_script("bench_training")
     args = bench.parse_args([*argv, "--models", "tnn-dense,gpt2", "--count_ops"])
     config = bench.tnn_config(args, "causal", "dense")
     assert use_direct(bench.batch_for(args, 64), 64, config.gtu_dim) is direct

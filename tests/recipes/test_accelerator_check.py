@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.support import load_script
+from modeling_tnn.recipes.benchmarks import accelerator_check as check
 
-SCRIPT = Path(__file__).resolve().parents[1] / "run_scripts" / "accelerator_check.py"
+from tests.support import PROJECT_ROOT
+
+SCRIPT = PROJECT_ROOT / "run_scripts" / "accelerator_check.py"
 
 
 def test_an_absent_or_malformed_device_is_refused(tmp_path, capsys):
-    check = load_script("accelerator_check")
     for device, message in [("gpu0", "--device 'gpu0' is not a torch device"), ("meta:7", "device(s)")]:
         assert check.main(["--device", device, "--output_dir", str(tmp_path / "out")]) == 2
         assert message in capsys.readouterr().err

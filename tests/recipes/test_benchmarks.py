@@ -1,0 +1,219 @@
+"""The benchmark harness and what it measures with: interleaved rounds and medians (on a fake clock), the record of
+the commit and machine, the three files of a benchmark's folder, the reference models and parameter matching
+against the counts the published results were measured at, the make-bench plan, and the A/B of two commits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from modeling_tnn.recipes.benchmarks import harness, plan
+from modeling_tnn.recipes.benchmarks import training as bench_training
+from modeling_tnn.recipes.benchmarks.reference_models import (
+    MinimalGpt,
+    baseline_model,
+    closest_size,
+    count_parameters,
+    matched_mlp_width,
+)
+
+from tests.support import PROJECT_ROOT
+
+
+class FakeClock:
+    """A clock that moves only when a workload says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recorder(clock: FakeClock, log: list, name: str, durations: list[float]):
+    """A workload phase that logs its name and advances the clock by the next of ``durations``."""
+    def run():
+        log.append(name)
+        clock.now += durations[len([n for n in log if n == name]) - 1]
+    return run
+
+
+def test_rounds_interleave_after_a_warm_up_and_report_medians():
+    clock, log = FakeClock(), []
+    work = {"a": harness.workload(recorder(clock, log, "a", [9.0, 1.0, 5.0, 3.0])),
+            "b": harness.workload(recorder(clock, log, "b1", [9.0, 2.0, 2.0, 8.0]),
+                                  recorder(clock, log, "b2", [9.0, 1.0, 1.0, 1.0]), names=("fwd", "opt"),
+                                  before=recorder(clock, log, "before", [100.0] * 4))}
+    timings = harness.interleaved(work, rounds=3, warmup=1, clock=clock)
+    assert log == ["a", "before", "b1", "b2"] * 4  # the warm-up round, then three interleaved ones
+    assert timings["a"].samples == [1.0, 5.0, 3.0] and timings["a"].median == 3.0
+    assert timings["b"].samples == [3.0, 3.0, 9.0] and timings["b"].median == 3.0  # ``before`` is not timed
+    assert timings["b"].phases == {"fwd": [2.0, 2.0, 8.0], "opt": [1.0, 1.0, 1.0]}
+    summary = timings["a"].summary()
+    assert (summary["q1_s"], summary["q3_s"], summary["min_s"], summary["max_s"]) == (2.0, 4.0, 1.0, 5.0)
+    assert summary["spread"] == pytest.approx(2.0 / 3.0)
+    assert timings["b"].summary()["fwd_median_s"] == 2.0
+
+
+def test_rotation_shifts_the_order_each_round_and_bad_counts_are_refused():
+    clock, log = FakeClock(), []
+    work = {name: harness.workload(recorder(clock, log, name, [1.0] * 9)) for name in "abc"}
+    harness.interleaved(work, rounds=3, warmup=0, clock=clock, rotate=True)
+    assert "".join(log) == "abcbcacab"
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        harness.interleaved(work, rounds=0)
+    with pytest.raises(ValueError, match="Workload.phases"):
+        harness.workload()
+
+
+def test_self_timed_samples_and_the_streamer_clock():
+    values = iter([4.0, 1.0, 6.0, 2.0, 8.0, 3.0])
+    timings = harness.interleaved_samples({"x": lambda: next(values), "y": lambda: next(values)}, rounds=2,
+                                          warmup=1)
+    assert timings["x"].samples == [6.0, 8.0] and timings["y"].samples == [2.0, 3.0]
+    clock = FakeClock()
+    streamer = harness.StreamerClock(clock)
+    for t in (0.0, 5.0, 6.0, 8.0, 9.0):  # the prompt, the first token after the prefill, then three more
+        clock.now = t
+        streamer.put(None)
+    assert streamer.token_seconds() == 1.0
+
+
+def test_source_state_names_the_commit_and_whether_the_tree_is_dirty(tmp_path):
+    state = harness.source_state()
+    head = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    assert state["commit"] == head.stdout.strip() and isinstance(state["dirty"], bool)
+    assert harness.source_state(tmp_path) == dict(commit=None, dirty=None, tree=str(tmp_path))
+
+
+def test_a_report_folder_holds_json_table_and_figure(tmp_path):
+    timing = harness.Timing([0.002, 0.001, 0.003])
+    folder = harness.write_report(tmp_path / "bench_x", "bench x", "python run_scripts/bench_x.py --rounds 3",
+                                  dict(rounds=3), dict(rows=[1, 2]), "| a | b |\n|---|---|", timings={"tnn": timing},
+                                  started=harness.CLOCK())
+    record = json.loads((folder / "results.json").read_text())
+    assert record["command"] == "python run_scripts/bench_x.py --rounds 3" and record["settings"] == {"rounds": 3}
+    assert record["results"] == {"rows": [1, 2]} and record["source"] == harness.source_state()
+    machine = record["machine"]
+    assert machine["cores"] >= 1 and machine["torch_threads"] == torch.get_num_threads()
+    assert machine["torch"] == torch.__version__ and machine["cpu"] and machine["transformers"]
+    table = (folder / "table.md").read_text()
+    assert table.startswith("# bench x\n") and "`python run_scripts/bench_x.py --rounds 3`" in table
+    assert (record["source"]["commit"] or "no git commit")[:12] in table and table.rstrip().endswith("|---|---|")
+    assert (folder / "figure.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="plot callable or timings"):
+        harness.write_report(tmp_path / "y", "y", "c", {}, {}, "")
+
+
+def test_one_thread_by_default():
+    before = torch.get_num_threads()
+    try:
+        assert harness.set_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        harness.set_threads(0)
+
+
+# -- reference models and parameter matching -------------------------------------------------------------------------
+
+
+def test_closest_size_bisects_to_the_nearest_count():
+    assert closest_size(lambda size: torch.nn.Linear(size, 1), 1001) == 1000  # size weights + 1 bias
+    assert closest_size(lambda size: torch.nn.Linear(size, 1), 1001, multiple=64) == 1024
+    shared = torch.nn.Linear(4, 4)
+    assert count_parameters(torch.nn.Sequential(shared, shared)) == 20  # a shared tensor once
+
+
+def test_minimal_gpt_is_the_small_gpt_recipes_model():
+    torch.manual_seed(0)
+    model = MinimalGpt(vocab_size=65, block=64, width=128, layers=4, heads=4)
+    assert count_parameters(model) == 804_096  # the count results/bench_training/small_gpt was measured at
+    ids = torch.randint(0, 65, (2, 64))
+    loss = model(input_ids=ids, labels=ids).loss
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    assert model.head.weight is model.token_table.weight  # the output projection tied to the token table
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--suite", "small_gpt"], {"causal/tnn-dense": 863_744, "causal/gpt2": 801_664, "causal/mingpt": 804_096}),
+    (["--families", "causal", "--lengths", "2048"], {"causal/tnn-dense": 6_156_416, "causal/gpt2": 6_155_480,
+                                                     "causal/llama": 6_155_520}),
+    (["--suite", "lra", "--lengths", "4096"], {"classify/tnn-dense": 528_730, "classify/bert": 528_254}),
+], ids=["small_gpt", "causal_width_256", "lra"])
+def test_training_baselines_match_the_published_counts(argv, expected):
+    args = bench_training.parse_args([*argv, "--memory_lengths", ""])
+    counts = {f"{f}/{m}": total for (f, m), (total, _) in bench_training.parameter_counts(args).items()}
+    assert {key: counts[key] for key in expected} == expected
+
+
+def test_decoding_baselines_match_the_published_counts():
+    sizes = dict(vocab_size=8192, hidden_size=256, layers=4, head_dim=64)
+    target = 6_156_416  # TNN dense of the decoding benchmark
+    for kind, positions, expected in (("gpt2", 8192 + 15 + 64, 6_155_480), ("llama", 1 << 17, 6_155_520)):
+        width = matched_mlp_width(kind, "causal", target, positions=positions, **sizes)
+        with torch.device("meta"):
+            model = baseline_model(kind, "causal", mlp_width=width, positions=positions, **sizes)
+        assert count_parameters(model, skip=("wpe",)) == expected
+
+
+# -- what make bench runs, and the rule that timing lives in the harness -------------------------------------------
+
+
+def test_make_bench_covers_every_benchmark_script_into_distinct_folders():
+    scripts = {path.name for path in (PROJECT_ROOT / "run_scripts").glob("bench_*.py")}
+    # bench_all runs the plan, bench_compare needs two commits, bench_quality is a training run with its own command
+    assert {step.script.split("/")[-1] for step in plan.PLAN} == scripts - {"bench_all.py", "bench_compare.py",
+                                                                             "bench_quality.py"}
+    assert len(set(plan.STEP_NAMES)) == len(plan.PLAN)
+    assert all(name.startswith("bench_") for name in plan.STEP_NAMES)
+    for step in plan.PLAN:
+        if step.script.endswith("bench_training.py"):
+            bench_training.parse_args([*step.full, "--output_dir", "x"])
+            bench_training.parse_args([*step.quick, "--output_dir", "x"])
+    with pytest.raises(ValueError, match="--only"):
+        plan.main(["--only", "bench_nothing"])
+
+
+def test_only_the_harness_reads_the_clock():
+    """Every timing goes through the harness: the monotonic clock is read in harness.py alone, besides the ListOps
+    scripts' wall time of a whole run (the data generation, the test evaluation), which times no benchmark."""
+    readers = {str(path.relative_to(PROJECT_ROOT)) for folder in ("modeling_tnn", "run_scripts")
+               for path in (PROJECT_ROOT / folder).rglob("*.py")
+               if re.search(r"\bperf_counter\b", path.read_text())}
+    assert readers == {"modeling_tnn/recipes/benchmarks/harness.py", "run_scripts/make_listops.py",
+                       "run_scripts/train_listops.py"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_compare_runs_two_commits_and_tables_both(tmp_path):
+    head = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    done = subprocess.run([sys.executable, "run_scripts/bench_compare.py", "--base", "HEAD", "--head", "HEAD",
+                           "--benchmarks", "small_gpt_step", "--rounds", "2", "--output_dir", str(tmp_path)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=580,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "results.json").read_text())
+    (run,) = record["results"]["runs"]
+    assert [side["commit"] for side in run["sources"]] == [head.stdout.strip()] * 2
+    assert set(run["variants"]) == {"causal tnn-dense", "causal tnn-fd"}
+    for row in run["variants"].values():
+        assert row["a"]["rounds"] == row["b"]["rounds"] == 2 and row["ratio"] > 0
+        assert row["paired_ratio_q1"] <= row["paired_ratio_median"] <= row["paired_ratio_q3"]
+    table = (tmp_path / "table.md").read_text()
+    assert "| small_gpt_step | causal tnn-dense |" in table and (tmp_path / "ab.png").is_file()
+    worktrees = subprocess.run(["git", "-C", str(PROJECT_ROOT), "worktree", "list"], capture_output=True, text=True)
+    assert "bench_compare_" not in worktrees.stdout  # the temporary checkouts are gone
