@@ -1,5 +1,6 @@
 """Training, evaluation and publishing machinery behind the scripts in ``run_scripts/``, one subpackage per task:
-``common`` (what every group uses), ``pretraining``, ``glue``, ``listops``, ``hub`` and ``fairseq``.
+``common`` (what every group uses), ``pretraining``, ``glue``, ``listops``, ``hub``, ``fairseq`` and ``benchmarks``
+(the timing harness and every benchmark behind ``results/bench_*``).
 
 The model modules of :mod:`modeling_tnn` never import this subpackage, so the code copied next to a saved model (and
 to the Hub) stays the model alone. The recipes need the ``train`` extra (``pip install "modeling-tnn[train]"``);

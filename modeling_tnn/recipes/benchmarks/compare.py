@@ -35,7 +35,9 @@ from .harness import (
     Workload,
     command_line,
     label_of,
+    pyplot,
     run_round,
+    save_figure,
     set_threads,
     source_state,
     write_report,
@@ -218,10 +220,7 @@ def render(runs: list[dict], base: str, head: str) -> str:
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = [(f"{run['benchmark']}: {variant}", row) for run in runs for variant, row in run["variants"].items()]
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.5))
@@ -232,9 +231,7 @@ def plot(runs: list[dict], path: Path) -> None:
     ax.axvspan(0.95, 1.05, color="grey", alpha=0.15)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
     ax.set_xlabel("time B / time A (bars: quartiles of the paired per-round ratios)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -15,7 +15,7 @@ import torch
 from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modal_fit import fit_residues, hankel_poles, modal_taps
 
-from .harness import CLOCK, command_line, set_threads, write_report
+from .harness import CLOCK, command_line, pyplot, save_figure, set_threads, write_report
 
 SCRIPT = "run_scripts/bench_fd_compression.py"
 LAGS = 4096
@@ -53,10 +53,7 @@ def render(result: dict) -> str:
 
 
 def plot(result: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 4))
     reals = [r["reals_per_channel"] for r in result["fits"]]
@@ -67,9 +64,7 @@ def plot(result: dict, path) -> None:
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,6 +49,8 @@ from .harness import (
     command_line,
     interleaved,
     interleaved_samples,
+    pyplot,
+    save_figure,
     set_threads,
     time_once,
     workload,
@@ -322,10 +324,7 @@ def profile_table(profiled: list[dict]) -> str:
 
 
 def plot_profile(profiled: list[dict], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4))
     names = [r["decoder"] for r in profiled]
@@ -333,9 +332,7 @@ def plot_profile(profiled: list[dict], path) -> None:
     axes[0].set_ylabel("aten events of one decode step")
     axes[1].bar(names, [r["allocated_bytes"] / 2**10 for r in profiled])
     axes[1].set_ylabel("KiB allocated in one decode step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -450,10 +447,7 @@ def serving(results) -> str:
 
 
 def plot(results, errors, contexts, batches, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     get = {(r["decoder"], r["batch"], r["context"]): r for r in results}
     names = list(dict.fromkeys(r["decoder"] for r in results))
@@ -490,8 +484,7 @@ def plot(results, errors, contexts, batches, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.suptitle("TNN decoding (generation_cache='auto') against GPT-2 and Llama KV caches, one thread")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

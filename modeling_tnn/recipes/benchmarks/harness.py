@@ -255,12 +255,26 @@ def label_of(key: Hashable) -> str:
     return " ".join(map(str, key)) if isinstance(key, tuple) else str(key)
 
 
-def plot_timings(timings: Mapping[Hashable, Timing], path: Path, title: str) -> None:
-    """The default figure: each variant's median with its interquartile range."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (benchmarks draw PNGs, never windows)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """Lay out, write and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def plot_timings(timings: Mapping[Hashable, Timing], path: Path, title: str) -> None:
+    """The default figure: each variant's median with its interquartile range."""
+    plt = pyplot()
 
     labels = [label_of(key) for key in timings]
     medians = [t.median * 1e3 for t in timings.values()]
@@ -272,9 +286,7 @@ def plot_timings(timings: Mapping[Hashable, Timing], path: Path, title: str) -> 
     ax.set_ylabel("ms (median, bars: interquartile range)")
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_report(folder: Path | str, benchmark: str, command: str, settings: Mapping[str, Any], results: Any,

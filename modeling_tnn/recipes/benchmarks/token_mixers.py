@@ -23,7 +23,16 @@ import torch
 from modeling_tnn import load_preset
 from modeling_tnn.modeling_tnn import TnnBlock, build_token_mixer
 
-from .harness import CLOCK, command_line, interleaved, set_threads, workload, write_report
+from .harness import (
+    CLOCK,
+    command_line,
+    interleaved,
+    pyplot,
+    save_figure,
+    set_threads,
+    workload,
+    write_report,
+)
 from .policies import forced_convolution_path
 
 SCRIPT = "run_scripts/bench_token_mixers.py"
@@ -152,10 +161,7 @@ def _style(ax, ylabel: str, title: str) -> None:
 
 
 def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, len(batches), figsize=(6 * len(batches), 9), squeeze=False)
     for row, kind in enumerate(("mixer", "block")):
@@ -170,8 +176,7 @@ def plot(results: list[dict], lengths: list[int], batches: list[int], path: Path
             ax.set_yscale("log")
             _style(ax, "forward + backward (ms, median)",
                    f"{'token mixer alone' if kind == 'mixer' else 'one TNN block'}, batch {batch}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 DIRECT_CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False)]
@@ -232,10 +237,7 @@ def direct_main(args: argparse.Namespace, command: str, started: float) -> None:
 
 
 def plot_direct(results: list[dict], lengths: list[int], channel_counts: list[int], tokens: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(channel_counts), figsize=(5 * len(channel_counts), 4), squeeze=False)
     for ax, channels in zip(axes[0], channel_counts):
@@ -245,9 +247,7 @@ def plot_direct(results: list[dict], lengths: list[int], channel_counts: list[in
                               for n in lengths], marker="o", label=f"{mixer} {'causal' if causal else 'bi'}")
         ax.axhline(1, color="grey", linestyle=":")
         _style(ax, "FFT time / direct time", f"{channels} channels, {tokens} tokens per step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

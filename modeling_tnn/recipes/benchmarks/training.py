@@ -48,7 +48,19 @@ import torch
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, load_preset
 
-from .harness import CLOCK, Timing, Workload, command_line, interleaved, set_threads, time_once, workload, write_report
+from .harness import (
+    CLOCK,
+    Timing,
+    Workload,
+    command_line,
+    interleaved,
+    pyplot,
+    save_figure,
+    set_threads,
+    time_once,
+    workload,
+    write_report,
+)
 from .op_count import aten_events
 from .policies import accelerator_like_policy
 from .reference_models import (
@@ -407,10 +419,7 @@ def count_ops(args: argparse.Namespace) -> list[dict]:
 
 def plot_ops(rows: list[dict], path: Path) -> None:
     """Bars of the forward + backward operator counts (this machine's path and the accelerator's) per job."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [f"{r['family']} {r['model']} n={r['n']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(rows) + 2), 4))
@@ -422,9 +431,7 @@ def plot_ops(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("aten events, forward + backward")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def ops_table(rows: list[dict]) -> str:
@@ -515,10 +522,7 @@ REFERENCE = {"causal": "llama", "masked": "bert", "classify": "bert"}
 
 
 def plot(args, speed, peaks, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     panels = [(f, "speed") for f in args.families if any(r["family"] == f for r in speed)]
     panels += [(f, "memory") for f in args.families if any(r["family"] == f and "failed" not in r for r in peaks)]
@@ -547,8 +551,7 @@ def plot(args, speed, peaks, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle(f"Training step (fwd + bwd + AdamW), one thread, {args.tokens} tokens per step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def settings_of(args: argparse.Namespace) -> dict:
