@@ -14,7 +14,8 @@ position tables are not counted, as TNN has none). One torch thread.
   temporaries of one step, not the weights or the interpreter.
 * ``--profile``: torch.profiler's top operators of one training step per model and length.
 * ``--count_ops``: the number of ``aten::`` events torch.profiler records in one step, forward + backward and the
-  optimizer's step separately, per model and length (on an accelerator each is a kernel launch or more).
+  optimizer's step separately, per model and length, on this CPU's path and as an accelerator would launch them
+  (``policies.accelerator_like_policy``; on an accelerator each event is a kernel launch or more).
 * ``--compile``: each model also as ``torch.compile(model)`` (inductor), timed in the same interleaved rounds.
 
 Suites: ``lm`` (the default: causal and masked LM models built from ``--preset`` at ``--hidden_size``), ``lra``
@@ -22,8 +23,8 @@ Suites: ``lm`` (the default: causal and masked LM models built from ``--preset``
 classification with a position table of max(2048, n) rows) and ``small_gpt`` (a well-known small-GPT recipe's
 character model: width 128, 4 layers, block 64, batch 12, a 65-symbol vocabulary, AdamW betas (0.9, 0.99) with
 weight decay 0.1 on 2-D weights, for every model; TNN with ``glu_expand_ratio=1, rpe_dim=32, rpe_layers=3``
-against transformers' GPT-2 (sdpa) and a minimal GPT written here as such recipes write it, both at the recipe's
-own size: 4 heads, a 4x MLP).
+against transformers' GPT-2 (sdpa) and a minimal GPT as such recipes write it (``reference_models.MinimalGpt``),
+both at the recipe's own size: 4 heads, a 4x MLP).
 
 Timing, the machine record and the output folder (``results.json``, ``table.md``, ``training.png``) are the
 harness's (:mod:`.harness`); the baselines and parameter matching are :mod:`.reference_models`'.
