@@ -185,6 +185,16 @@ def test_make_bench_covers_every_benchmark_script_into_distinct_folders():
         plan.main(["--only", "bench_nothing"])
 
 
+def test_benchmark_scripts_are_entry_points_into_the_package():
+    """run_scripts/bench_*.py and accelerator_check.py hold no benchmark code: each imports one ``main`` from the
+    recipes and calls it."""
+    scripts = [*(PROJECT_ROOT / "run_scripts").glob("bench_*.py"), PROJECT_ROOT / "run_scripts" / "accelerator_check.py"]
+    for script in scripts:
+        code = [line for line in script.read_text().split('"""')[-1].splitlines() if line.strip()]
+        assert len(code) <= 4, (script.name, code)
+        assert re.fullmatch(r"from modeling_tnn\.recipes\.\w+\.\w+ import main", code[0]), (script.name, code[0])
+
+
 def test_only_the_harness_reads_the_clock():
     """Every timing goes through the harness: the monotonic clock is read in harness.py alone, besides the ListOps
     scripts' wall time of a whole run (the data generation, the test evaluation), which times no benchmark."""
