@@ -469,6 +469,18 @@ def ratios(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     return pairs
 
 
+def model_rows(counts, lengths: list[int], rows: list[dict], cell) -> list[str]:
+    """Table rows ``| family | model | cell(n) ... |``: one per job, one cell per length (— where not measured)."""
+    lines = []
+    for family, name in counts:
+        cells = []
+        for n in lengths:
+            row = next((r for r in rows if (r["family"], r["model"], r["n"]) == (family, name, n)), None)
+            cells.append("—" if row is None else cell(row))
+        lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(args, counts, speed, peaks) -> str:
     lines = [f"Suite {args.suite}, preset {args.preset}" + (f", hidden {args.hidden_size}" if args.hidden_size else "")
              + f", one torch thread, tokens per step {args.tokens} (batch = max(1, {args.tokens} // n)), "
@@ -480,12 +492,7 @@ def render(args, counts, speed, peaks) -> str:
         lines += ["", "Training steps per second (tokens/s in brackets):", "",
                   "| family | model | " + " | ".join(f"n={n}" for n in lengths) + " |",
                   "|---|---|" + "---|" * len(lengths)]
-        for family, name in counts:
-            cells = []
-            for n in lengths:
-                row = next((r for r in speed if (r["family"], r["model"], r["n"]) == (family, name, n)), None)
-                cells.append("—" if row is None else f"{1 / row['median_s']:.3f} ({row['tokens_per_s']:.0f})")
-            lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
+        lines += model_rows(counts, lengths, speed, lambda r: f"{1 / r['median_s']:.3f} ({r['tokens_per_s']:.0f})")
         lines += ["", "Where a step's time goes (median ms: forward with the loss + backward, and the optimizer's step "
                   "+ zero_grad, timed separately within each step; spread: the steps' interquartile range over "
                   "their median):", "",
@@ -510,12 +517,8 @@ def render(args, counts, speed, peaks) -> str:
                   f"optimizer and batch ({peaks[0].get('method', '')}; fresh process each):", "",
                   "| family | model | " + " | ".join(f"n={n}" for n in mem_lengths) + " |",
                   "|---|---|" + "---|" * len(mem_lengths)]
-        for family, name in counts:
-            cells = []
-            for n in mem_lengths:
-                row = next((r for r in peaks if (r["family"], r["model"], r["n"]) == (family, name, n)), None)
-                cells.append("—" if row is None else ("failed" if "failed" in row else f"{row['step_peak_mb']:.0f}"))
-            lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
+        lines += model_rows(counts, mem_lengths, peaks,
+                            lambda r: "failed" if "failed" in r else f"{r['step_peak_mb']:.0f}")
     return "\n".join(lines) + "\n"
 
 
