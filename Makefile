@@ -39,7 +39,7 @@ test-fast: install  ## the test suite without the tests marked slow (subprocesse
 glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), finetune both on every local GLUE task
 	$(PY) run_scripts/glue_recipe.py --results_dir results/glue
 
-bench: install  ## every results/bench_* folder regenerated (about 17 minutes on 2 idle cores; run on an idle machine)
+bench: install  ## every results/bench_* folder regenerated (about 20 minutes on 2 idle cores; run on an idle machine)
 	$(PY) run_scripts/bench_all.py --results_root results
 
 clean:
