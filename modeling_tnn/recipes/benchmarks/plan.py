@@ -1,7 +1,7 @@
 """What ``make bench`` runs: every ``results/bench_*`` folder, each from one benchmark command, one after another,
 one torch thread each. Sized to finish in about 20 minutes on 2 idle cores (estimated from the step times of the
-published results; the run prints its own total). ``--quick`` runs the same commands at toy sizes (under ten
-minutes even on a busy machine): it shows every benchmark works, its numbers mean nothing.
+published results; the run prints its own total). ``--quick`` runs the same commands at toy sizes (about nine
+minutes on a busy 2-core machine): it shows every benchmark works, its numbers mean nothing.
 
     python run_scripts/bench_all.py                                   # make bench: regenerates results/bench_*
     python run_scripts/bench_all.py --quick --results_root outputs/bench_quick
