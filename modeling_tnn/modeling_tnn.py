@@ -25,7 +25,10 @@ from .configuration_tnn import TnnConfig
 from .etsc_cache import TnnCache, mix_with_cache
 from .input_validation import validate_model_inputs
 from .mixer_base import TokenMixer
+from .ops_dispatch import current_policy
+from .ops_fused_gating import SiluMask, silu_gate, silu_mask
 from .rpe import SimpleRMSNorm
+from .runtime import as_dtype, compute_dtype, tracing
 from .tno_dense import DenseTno
 from .tno_fd import FdTno
 from .tno_ski import SkiTno
@@ -72,11 +75,29 @@ class Gtu(nn.Module):
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None) -> torch.Tensor:
         u_pre, v_pre = self.uv_proj(x).chunk(2, dim=-1)
-        mix = None
-        if cache is not None:  # decoding: the recurrent state mixes the gated, masked input
-            def mix(v: torch.Tensor) -> torch.Tensor:
-                return mix_with_cache(self.token_mixer, v, attention_mask, cache.layers[self.layer_idx], cache)
-        return self.o_proj(self.token_mixer.gated_mix(u_pre, v_pre, attention_mask, mix))
+        return self.o_proj(self.gate(u_pre, v_pre, attention_mask, cache))
+
+    def gate(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             cache: TnnCache | None = None) -> torch.Tensor:
+        """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``, through the fused ops (ops_fused_gating) where
+        :meth:`keeps_less`, the plain composition otherwise: the same values."""
+        lean = cache is None and self.keeps_less(u_pre, v_pre)
+        if lean and v_pre.dtype == compute_dtype(v_pre.dtype):  # silu * mask inside the mixer's operator
+            mixed = self.token_mixer(v_pre, attention_mask, SiluMask(attention_mask))
+        elif cache is not None:  # decoding: the recurrent state mixes the gated, masked input
+            mixed = mix_with_cache(self.token_mixer, silu_mask(v_pre, attention_mask), attention_mask,
+                                   cache.layers[self.layer_idx], cache)
+        else:
+            mixed = self.token_mixer(silu_mask(v_pre, attention_mask), attention_mask)
+        mixed = as_dtype(mixed, u_pre.dtype)
+        return silu_gate(u_pre, mixed) if lean else F.silu(u_pre) * mixed
+
+    def keeps_less(self, u_pre: torch.Tensor, v_pre: torch.Tensor) -> bool:
+        """Whether the gating takes the fused ops (ops_fused_gating: silus recomputed in backward, two activations
+        fewer kept): when gradients flow and the mixer's ``recompute_spectra`` (None: the policy's size rule) asks."""
+        grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
+        return grad and current_policy().recomputes(2 * v_pre.numel() * v_pre.element_size(),
+                                                    self.token_mixer.recompute_spectra)
 
 
 class Glu(nn.Module):

@@ -8,7 +8,7 @@ hits all configurations alike; medians over rounds are reported, and ratios are 
 
 ``--direct`` times instead the dense and FD mixers' two paths against each other at short lengths (the
 product with each channel's Toeplitz matrix, and the FFT), at a fixed number of tokens per step, which is what
-``mixer_base.DIRECT_MAX_LENGTH`` is set from:
+``ConvolutionPolicy.direct_max_length`` (modeling_tnn/ops_dispatch.py) is set from:
 
     python run_scripts/bench_token_mixers.py --direct --threads 1 --output_dir results/bench_token_mixers/direct
 """
@@ -24,8 +24,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from modeling_tnn import load_preset, mixer_base
-from modeling_tnn.mixer_base import fft_convolve, fft_length
+from modeling_tnn import load_preset
+from modeling_tnn.ops_dispatch import convolution_policy, current_policy
+from modeling_tnn.ops_fft_convolution import fft_convolve
+from modeling_tnn.ops_fft_sizes import fft_length
 from modeling_tnn.modeling_tnn import TnnBlock, build_token_mixer
 
 CASES = [("dense", False), ("fd", False), ("ski", False), ("dense", True), ("fd", True)]
@@ -46,8 +48,12 @@ def make_step(kind: str, mixer: str, causal: bool, n: int, batch: int, channels:
         fft_len = fft_length(n)
         impulse = torch.ones(fft_len // 2 + 1, channels, dtype=torch.complex64)
 
+        policy = current_policy()
+        recompute = policy.recomputes(batch * (fft_len // 2 + 1) * channels * 8, None)
+
         def step():
-            fft_convolve(x, impulse, fft_len).sum().backward()
+            fft_convolve(x, impulse, fft_len, recompute=recompute,
+                         chunk_elements=policy.chunk_budget(x.device)).sum().backward()
         return step
     config = config_for(mixer, causal, channels)
     if kind == "mixer":
@@ -185,7 +191,7 @@ DIRECT_CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False)]
 
 
 def direct_run(lengths: list[int], channel_counts: list[int], tokens: int, rounds: int) -> list[dict]:
-    """Forward + backward of each mixer alone on either path (the choice forced through mixer_base's limits),
+    """Forward + backward of each mixer alone on either path (the choice forced by a convolution policy),
     interleaved rounds."""
     jobs, steps = [], []
     for channels in channel_counts:
@@ -198,27 +204,20 @@ def direct_run(lengths: list[int], channel_counts: list[int], tokens: int, round
                 for path in ("direct", "fft"):
                     jobs.append(dict(mixer=mixer, causal=causal, channels=channels, n=n, batch=batch, path=path))
                     steps.append((path, module, x))
-    names = ("DIRECT_MAX_LENGTH", "DIRECT_MAX_ENTRIES", "DIRECT_MIN_BATCH_PER_TOKEN")
-    limits = {"direct": (1 << 30, 1 << 62, 0.0), "fft": (0, 0, 0.0)}
+    policies = {path: current_policy().forcing_direct(path == "direct") for path in ("direct", "fft")}
 
     def run_one(path, module, x):
-        for name, value in zip(names, limits[path]):
-            setattr(mixer_base, name, value)
-        start = time.perf_counter()
-        module(x).sum().backward()
-        return time.perf_counter() - start
+        with convolution_policy(policies[path]):
+            start = time.perf_counter()
+            module(x).sum().backward()
+            return time.perf_counter() - start
 
-    saved = [getattr(mixer_base, name) for name in names]
-    try:
-        for step in steps:
-            run_one(*step)  # warm-up
-        times: list[list[float]] = [[] for _ in jobs]
-        for _ in tqdm(range(rounds), desc="interleaved rounds"):
-            for i, step in enumerate(steps):
-                times[i].append(run_one(*step))
-    finally:
-        for name, value in zip(names, saved):
-            setattr(mixer_base, name, value)
+    for step in steps:
+        run_one(*step)  # warm-up
+    times: list[list[float]] = [[] for _ in jobs]
+    for _ in tqdm(range(rounds), desc="interleaved rounds"):
+        for i, step in enumerate(steps):
+            times[i].append(run_one(*step))
     return [dict(job, median_ms=1000 * statistics.median(t), times_ms=[1000 * v for v in t])
             for job, t in zip(jobs, times)]
 

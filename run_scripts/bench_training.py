@@ -58,7 +58,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, load_preset, mixer_base
+from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, load_preset
+from modeling_tnn.ops_dispatch import convolution_policy, current_policy
 
 SUITES = {
     "lm": {"causal": ["tnn-dense", "tnn-fd", "gpt2", "llama"], "masked": ["tnn-dense", "tnn-fd", "tnn-ski", "bert"]},
@@ -448,14 +449,10 @@ def count_ops(args: argparse.Namespace) -> list[dict]:
             # Off CPU the FFT convolution takes all channels in one chunk (on CPU it cuts them into cache-sized
             # chunks, each a few more operators) and a single block as one unchunked FFT: the count as an
             # accelerator would launch it.
-            chunk, single = mixer_base.CHUNK_ELEMENTS, mixer_base.SINGLE_BLOCK_CHUNKS
-            mixer_base.CHUNK_ELEMENTS, mixer_base.SINGLE_BLOCK_CHUNKS = 1 << 62, 1
-            try:
+            with convolution_policy(current_policy().as_on_accelerator()):
                 forward_backward()
                 update()
                 one_chunk, _ = _aten_events(forward_backward)
-            finally:
-                mixer_base.CHUNK_ELEMENTS, mixer_base.SINGLE_BLOCK_CHUNKS = chunk, single
             top = dict(sorted(names.items(), key=lambda item: -item[1])[:12])
             tensors = len({id(p) for p in model.parameters()})
             rows.append(dict(family=family, model=name, n=n, batch=batch_for(args, n), forward_backward=total,

@@ -1,12 +1,13 @@
-"""TokenMixer.gated_mix: the GTU's silu(u) * mixer(silu(v) * mask) with less kept for backward, same values."""
+"""The GTU's gating, ``Gtu.gate``: silu(u) * mixer(silu(v) * mask) through the fused ops (less kept for backward)
+around every mixer and path, with the values of the plain composition."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from modeling_tnn import mixer_base
-from modeling_tnn.modeling_tnn import build_token_mixer
+from modeling_tnn.modeling_tnn import Gtu, build_token_mixer
 from modeling_tnn.naive import gtu_gate
+from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy
 
 from tests.support import saved_bytes, tiny_config
 
@@ -14,8 +15,19 @@ CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False), ("ski",
 
 
 def composed(mixer, u_pre, v_pre, mask):
-    """What the GTU computes without gated_mix: the plain gating around the mixer."""
+    """The plain gating around the mixer, written from its definition."""
     return gtu_gate(u_pre, v_pre, lambda v: mixer(v, mask), mask)
+
+
+_GTU: list[Gtu] = []
+
+
+def gated(mixer, u_pre, v_pre, mask):
+    """What the GTU computes around ``mixer`` (one tiny GTU, built once, lends its gating)."""
+    if not _GTU:
+        _GTU.append(Gtu(tiny_config(), 0))
+    _GTU[0].token_mixer = mixer
+    return _GTU[0].gate(u_pre, v_pre, mask)
 
 
 def _inputs(dtype, n=40, channels=6, masked=True):
@@ -31,11 +43,11 @@ def _inputs(dtype, n=40, channels=6, masked=True):
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize(("kind", "causal"), CASES)
-def test_gated_mix_equals_the_composition(kind, causal, masked, recompute, mixer_path):
+def test_gating_equals_the_composition(kind, causal, masked, recompute, mixer_path):
     mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=8), 6).double()
     mixer.recompute_spectra = recompute
     u_pre, v_pre, mask = _inputs(torch.float64, masked=masked)
-    got = mixer.gated_mix(u_pre, v_pre, mask)
+    got = gated(mixer, u_pre, v_pre, mask)
     wanted = composed(mixer, u_pre, v_pre, mask)
     torch.testing.assert_close(got, wanted, atol=1e-12, rtol=0)
     grad = torch.randn_like(got)
@@ -45,47 +57,47 @@ def test_gated_mix_equals_the_composition(kind, causal, masked, recompute, mixer
 
 
 @pytest.mark.parametrize(("kind", "causal"), [("dense", True), ("fd", False), ("ski", False)])
-def test_gated_mix_gradcheck(kind, causal, mixer_path):
+def test_gating_gradcheck(kind, causal, mixer_path):
     mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=4), 3).double()
     mixer.recompute_spectra = True
     u_pre, v_pre, mask = _inputs(torch.float64, n=11, channels=3)
-    assert torch.autograd.gradcheck(lambda u, v: mixer.gated_mix(u, v, mask), (u_pre, v_pre))
+    assert torch.autograd.gradcheck(lambda u, v: gated(mixer, u, v, mask), (u_pre, v_pre))
 
 
 @pytest.mark.parametrize("kind", ["dense", "fd"])
-def test_gated_mix_float32_is_bitwise_the_composition(kind):
+def test_gating_float32_is_bitwise_the_composition(kind):
     mixer = build_token_mixer(tiny_config(kind, causal=True, fd_kernel_length=8), 6)
     u_pre, v_pre, mask = _inputs(torch.float32)
-    torch.testing.assert_close(mixer.gated_mix(u_pre, v_pre, mask), composed(mixer, u_pre, v_pre, mask),
+    torch.testing.assert_close(gated(mixer, u_pre, v_pre, mask), composed(mixer, u_pre, v_pre, mask),
                                atol=0, rtol=0)
 
 
 
 @pytest.mark.parametrize(("kind", "causal"), [("dense", True), ("fd", True), ("ski", False)])
-def test_gated_mix_keeps_less(kind, causal, monkeypatch):
+def test_gating_keeps_two_activations_less(kind, causal):
     """Two activation-sized tensors fewer: silu(u_pre) and the mixer's input (on the FFT path, which long inputs
     take)."""
-    monkeypatch.setattr(mixer_base, "DIRECT_MAX_LENGTH", 0)
     mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=8), 16)
     mixer.recompute_spectra = True
     u_pre, v_pre, _ = _inputs(torch.float32, n=256, channels=16, masked=False)
     activation = u_pre.numel() * 4
-    fused = saved_bytes(lambda: mixer.gated_mix(u_pre, v_pre))
-    plain = saved_bytes(lambda: composed(mixer, u_pre, v_pre, None))
+    with convolution_policy(ConvolutionPolicy().forcing_direct(False)):
+        fused = saved_bytes(lambda: gated(mixer, u_pre, v_pre, None))
+        plain = saved_bytes(lambda: composed(mixer, u_pre, v_pre, None))
     assert plain - fused == 2 * activation
 
 
-def test_gated_mix_without_grad_is_the_composition():
+def test_gating_without_grad_is_the_composition():
     mixer = build_token_mixer(tiny_config("dense", causal=True), 6).eval()
     u_pre, v_pre, mask = _inputs(torch.float32)
     with torch.no_grad():
-        torch.testing.assert_close(mixer.gated_mix(u_pre, v_pre, mask), composed(mixer, u_pre, v_pre, mask),
+        torch.testing.assert_close(gated(mixer, u_pre, v_pre, mask), composed(mixer, u_pre, v_pre, mask),
                                    atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("kind, causal", CASES)
 def test_a_whole_model_trains_the_same_lean_or_not(kind, causal, mixer_path):
-    """The GTU goes through gated_mix: with fft_recompute=True (the silus and spectra recomputed in backward) a
+    """The GTU gates through the fused ops: with fft_recompute=True (the silus and spectra recomputed in backward) a
     whole model's loss and every gradient equal those of fft_recompute=False (everything kept)."""
     from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
 

@@ -1,12 +1,13 @@
-"""The dense TNO against the dense Toeplitz matrix, its precision rules and its eval-mode coefficient cache."""
+"""The dense TNO against the dense Toeplitz matrix, its precision rules, its eval-mode coefficient cache and its
+kernel's memory rules in training."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from modeling_tnn.mixer_base import fft_convolve, fft_length
 from modeling_tnn.naive import toeplitz_matmul
+from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy
 from modeling_tnn.tno_dense import DenseTno
 
 from tests.support import tiny_config
@@ -27,17 +28,6 @@ def test_coefficients_are_decayed_rpe_values():
     lags = torch.arange(-5, 6)
     expected = mixer.rpe_values(lags) * (0.9 ** lags.abs().double())[:, None]
     torch.testing.assert_close(coeffs, expected)
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 37, 70, 100, 1000, 4096])
-def test_fft_length_is_smooth_and_long_enough(n):
-    size = fft_length(n)
-    assert size >= 2 * n
-    rest = size
-    for p in (2, 3, 5):
-        while rest % p == 0:
-            rest //= p
-    assert rest == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -87,22 +77,6 @@ def test_eval_cache_reuses_and_invalidates(monkeypatch, mixer_path):
     assert calls == [12, 13, 12, 12, 12]
 
 
-@pytest.mark.parametrize(("n", "fft_len", "step", "offset"),
-                         [(9, 18, None, 0), (7, 15, None, 0), (9, 16, 4, 2), (13, 12, 5, 4), (2, 12, 5, 4)])
-def test_fft_convolve_gradients(n, fft_len, step, offset):
-    """The hand-written backward (one block, or overlap-save blocks), for a kernel given as its time-domain layout
-    or as its spectrum, against numerical derivatives in float64."""
-    x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
-    layout = torch.randn(fft_len, 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, k: fft_convolve(a, k, fft_len, step, offset), (x, layout),
-                                    fast_mode=True)
-    spectrum = torch.fft.rfft(layout.detach(), dim=0).requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, k: fft_convolve(a, k, fft_len, step, offset), (x, spectrum),
-                                    fast_mode=True)
-    torch.testing.assert_close(fft_convolve(x, layout, fft_len, step, offset),
-                               fft_convolve(x, spectrum, fft_len, step, offset), atol=1e-12, rtol=0)
-
-
 @pytest.mark.parametrize("causal", [True, False])
 def test_gradients_equal_the_dense_matrix_product(causal, mixer_path):
     """Input and RPE gradients through either path equal autograd through the dense Toeplitz matrix."""
@@ -114,3 +88,65 @@ def test_gradients_equal_the_dense_matrix_product(causal, mixer_path):
     inputs = (x, *mixer.parameters())
     for got, want in zip(torch.autograd.grad(mixer(x), inputs, grad), torch.autograd.grad(expected, inputs, grad)):
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+@pytest.fixture
+def fft_path():
+    """The FFT path at every length (the short-sequence path is tested with ``mixer_path``)."""
+    with convolution_policy(ConvolutionPolicy().forcing_direct(False)):
+        yield
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gradients_in_both_memory_modes(causal, recompute, fft_path):
+    mixer = DenseTno(tiny_config(causal=causal), channels=5).double()
+    mixer.recompute_spectra = recompute
+    n = 19
+    x = torch.randn(2, n, 5, dtype=torch.float64, requires_grad=True)
+    expected = toeplitz_matmul(x, mixer.coefficients(n, x.device), causal)
+    grad = torch.randn_like(expected)
+    wanted = torch.autograd.grad(expected, [x, *mixer.parameters()], grad)
+    got = torch.autograd.grad(mixer(x), [x, *mixer.parameters()], grad)
+    for a, b in zip(got, wanted):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def test_recompute_keeps_neither_spectra_nor_kernel(fft_path):
+    """In recompute mode the dense mixer's convolution saves its input alone: no spectrum, no (n, c) kernel."""
+    mixer = DenseTno(tiny_config(causal=True), channels=8)
+    x = torch.randn(2, 256, 8, requires_grad=True)
+    for recompute in (True, False):
+        mixer.recompute_spectra = recompute
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append((tuple(t.shape), t.is_complex())) or t,
+                                                      lambda t: t):
+            mixer(x)
+        assert (((2, 256, 8), False) in shapes) == recompute
+        assert any(complex_ for _, complex_ in shapes) != recompute
+        assert ((256, 8), False) not in shapes
+
+
+def test_recompute_refuses_a_parameter_changed_before_backward(fft_path):
+    mixer = DenseTno(tiny_config(causal=True), channels=4)
+    mixer.recompute_spectra = True
+    y = mixer(torch.randn(1, 16, 4, requires_grad=True))
+    with torch.no_grad():
+        mixer.rpe.out_proj.bias.add_(1.0)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_eval_equals_training_bitwise_on_the_single_block_path(causal):
+    """Eval mode convolves the same (memoised) taps as training where the input is one unchunked block, not a
+    memoised spectrum: outputs agree bitwise."""
+    mixer = DenseTno(tiny_config(causal=causal), channels=4)
+    x = torch.randn(2, 30, 4)
+    with convolution_policy(ConvolutionPolicy(single_block_chunks=1 << 20).forcing_direct(False)):
+        trained = mixer.train()(x)
+        with torch.no_grad():
+            evaluated = mixer.eval()(x)
+            again = mixer(x)
+    torch.testing.assert_close(evaluated, trained.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(again, evaluated, atol=0, rtol=0)

@@ -1,18 +1,15 @@
-"""The short-sequence path: the product with each channel's dense Toeplitz matrix, against the direct sum and
-numerical gradients, and the choice between it and the FFT by length."""
+"""The short-sequence convolution: the product with each channel's dense Toeplitz matrix, against the direct sum of
+naive.py and numerical gradients, and against the FFT convolution."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from modeling_tnn import mixer_base
-from modeling_tnn.mixer_base import direct_convolve, fft_convolve, fft_length, use_direct
 from modeling_tnn.naive import direct_convolution
-from modeling_tnn.tno_dense import DenseTno
-from modeling_tnn.tno_fd import FdTno
-
-from tests.support import tiny_config
+from modeling_tnn.ops_direct_toeplitz import direct_convolve
+from modeling_tnn.ops_fft_convolution import fft_convolve
+from modeling_tnn.ops_fft_sizes import fft_length
 
 # (n, rows, lag0): causal kernels (lag0 = 0) as long as the input, shorter, longer; two-sided kernels of lags
 # -(n-1)..n-1, narrower (FD's fixed support) and wider than the input reaches.
@@ -46,25 +43,3 @@ def test_non_contiguous_gradients_and_inputs():
 def test_bad_lag0_is_refused():
     with pytest.raises(ValueError, match="lag0"):
         direct_convolve(torch.randn(1, 4, 2), torch.randn(3, 2), 3)
-
-
-def test_the_path_is_chosen_by_length_batch_and_size():
-    n = mixer_base.DIRECT_MAX_LENGTH
-    assert use_direct(n, n, 8)
-    assert not use_direct(n + 1, n + 1, 8)
-    assert use_direct(n // 2, n, 8)
-    assert not use_direct(n // 2 - 1, n, 8)  # fewer rows than half the matrices' side
-    assert not use_direct(n, n, mixer_base.DIRECT_MAX_ENTRIES // (n * n) + 1)  # too many matrix entries
-
-
-@pytest.mark.parametrize("mixer_class, kind", [(DenseTno, "dense"), (FdTno, "fd")])
-def test_mixers_take_the_direct_path_at_short_lengths(monkeypatch, mixer_class, kind):
-    calls = []
-    original = mixer_base._DirectToeplitz.apply
-    monkeypatch.setattr(mixer_base._DirectToeplitz, "apply", lambda *a: calls.append(a[0].shape[1]) or original(*a))
-    mixer = mixer_class(tiny_config(kind, causal=True, fd_kernel_length=8), 4)
-    n = mixer_base.DIRECT_MAX_LENGTH
-    mixer(torch.randn(n, n, 4))
-    mixer(torch.randn(n + 1, n + 1, 4))
-    mixer(torch.randn(n // 2 - 1, n, 4))
-    assert calls == [n]
