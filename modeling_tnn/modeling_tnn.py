@@ -25,10 +25,9 @@ from .configuration_tnn import TnnConfig
 from .etsc_cache import TnnCache, mix_with_cache
 from .input_validation import validate_model_inputs
 from .mixer_base import TokenMixer
-from .ops_dispatch import current_policy
-from .ops_fused_gating import SiluMask, silu_gate, silu_mask
+from .ops_fused_gating import SiluMask, fuses_gating, silu_gate, silu_mask
 from .rpe import SimpleRMSNorm
-from .runtime import as_dtype, compute_dtype, tracing
+from .runtime import as_dtype, compute_dtype
 from .tno_dense import DenseTno
 from .tno_fd import FdTno
 from .tno_ski import SkiTno
@@ -79,9 +78,9 @@ class Gtu(nn.Module):
 
     def gate(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
              cache: TnnCache | None = None) -> torch.Tensor:
-        """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``, through the fused ops (ops_fused_gating) where
-        :meth:`keeps_less`, the plain composition otherwise: the same values."""
-        lean = cache is None and self.keeps_less(u_pre, v_pre)
+        """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``: through the fused ops where
+        ops_fused_gating.fuses_gating says so, else the plain composition; the same values either way."""
+        lean = cache is None and fuses_gating(u_pre, v_pre, self.token_mixer.recompute_spectra)
         if lean and v_pre.dtype == compute_dtype(v_pre.dtype):  # silu * mask inside the mixer's operator
             mixed = self.token_mixer(v_pre, attention_mask, SiluMask(attention_mask))
         elif cache is not None:  # decoding: the recurrent state mixes the gated, masked input
@@ -91,13 +90,6 @@ class Gtu(nn.Module):
             mixed = self.token_mixer(silu_mask(v_pre, attention_mask), attention_mask)
         mixed = as_dtype(mixed, u_pre.dtype)
         return silu_gate(u_pre, mixed) if lean else F.silu(u_pre) * mixed
-
-    def keeps_less(self, u_pre: torch.Tensor, v_pre: torch.Tensor) -> bool:
-        """Whether the gating takes the fused ops (ops_fused_gating: silus recomputed in backward, two activations
-        fewer kept): when gradients flow and the mixer's ``recompute_spectra`` (None: the policy's size rule) asks."""
-        grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
-        return grad and current_policy().recomputes(2 * v_pre.numel() * v_pre.element_size(),
-                                                    self.token_mixer.recompute_spectra)
 
 
 class Glu(nn.Module):

@@ -1,7 +1,8 @@
 """Plain references of the model's fast operations, written straight from their definitions.
 
 Every operator of the ``ops_*`` modules (the FFT and direct convolutions, SKI's band plus low rank, the GTU's fused
-gating) and the hand-written norm backward is checked against these in tests/ops. They are slow (entry by entry, or dense matrices) and meant for small inputs only.
+gating, the fused RPE, the norm's hand-written backward) is checked against these in tests/ops. They are slow (entry
+by entry, or dense matrices) and meant for small inputs only.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def direct_convolution(x: torch.Tensor, taps: torch.Tensor, lag0: int) -> torch.
 def simple_rms_norm(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """SimpleRMSNorm: ``x / (sqrt(mean(x^2)) + eps)`` over the last dimension, no parameters."""
     return x / (x.pow(2).mean(dim=-1, keepdim=True).sqrt() + eps)
+
+
+def rpe_mlp(positions: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], eps: float = 1e-8,
+            scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The RPE MLP at ``positions`` (L,): ``Linear(1, r)``, then ``[SimpleRMSNorm, ReLU, Linear]`` per further layer
+    (``weights[i]`` (out, in), ``biases[i]``), each output row times ``scale`` (L,) when given."""
+    z = positions[:, None] * weights[0].t() + biases[0]
+    for weight, bias in zip(weights[1:], biases[1:]):
+        z = F.relu(simple_rms_norm(z, eps)) @ weight.t() + bias
+    return z if scale is None else z * scale[:, None]
 
 
 def masked_silu(pre: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -86,7 +86,8 @@ class ConvolutionPolicy:
 
     def single_block(self, x: torch.Tensor, fft_len: int) -> bool:
         """Whether a single FFT block of ``x`` (b, n, c) that keeps its spectra runs unchunked."""
-        return x.device.type != "cpu" or x.shape[0] * fft_len * x.shape[2] <= self.single_block_chunks * self.chunk_elements
+        size = x.shape[0] * fft_len * x.shape[2]
+        return x.device.type != "cpu" or size <= self.single_block_chunks * self.chunk_elements
 
     def recomputes(self, saved_bytes: int, recompute: bool | None) -> bool:
         """``recompute`` as given, or (None) whether ``saved_bytes`` of saved tensors exceed ``recompute_bytes``."""

@@ -5,7 +5,7 @@ Why they exist (measured: tests/ops/test_fused_gating.py::test_fused_gating_keep
 docs/training-speed.md): the plain composition keeps ``silu(u_pre)`` and the mixer's input ``silu(v_pre) * mask``
 for backward on top of ``u_pre``, ``v_pre`` and the mixer's output; the fused pieces recompute both silus in
 backward instead, two activation-sized tensors fewer per layer. Recomputing costs time (up to 15% of a mixer's
-forward + backward), so the GTU takes them only where memory matters (ops_dispatch.recomputes).
+forward + backward), so the GTU takes them only where memory matters (:func:`fuses_gating`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+from .ops_dispatch import current_policy
+from .runtime import tracing
 
 
 class InputMap(Protocol):
@@ -70,3 +73,11 @@ class _SiluGate(torch.autograd.Function):
 def silu_gate(pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
     """``F.silu(pre) * mixed`` keeping one activation less for backward (:class:`_SiluGate`)."""
     return _SiluGate.apply(pre, mixed)
+
+
+def fuses_gating(u_pre: torch.Tensor, v_pre: torch.Tensor, recompute: bool | None) -> bool:
+    """Whether the gating of ``u_pre`` and ``v_pre`` takes the fused ops: when gradients flow and ``recompute`` (the
+    mixer's ``recompute_spectra``) asks for it, or (None) when the two activations exceed the convolution policy's
+    ``recompute_bytes``, the size at which the convolution recomputes its spectra too."""
+    grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
+    return grad and current_policy().recomputes(2 * v_pre.numel() * v_pre.element_size(), recompute)

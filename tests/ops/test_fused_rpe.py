@@ -1,5 +1,5 @@
-"""The RPE's fused autograd node against its module path (the Linears, norm and ReLU one by one), and when it
-falls back to that path."""
+"""The RPE's fused autograd node against its module path (the Linears, norm and ReLU one by one) and the plain
+reference of naive.py, and when the module falls back to that path."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modeling_tnn.naive import rpe_mlp
+from modeling_tnn.ops_fused_rpe import fused_rpe
 from modeling_tnn.rpe import Rpe
 
 
@@ -79,3 +81,21 @@ def test_fallback_to_the_module_path():
 
     half = Rpe(4, 1, 3).to(torch.bfloat16)
     assert half(positions).dtype == torch.float32 and node(half, positions) != "_RpeFunctionBackward"
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_fused_rpe_op_is_the_plain_mlp_with_exact_gradients(with_scale):
+    positions = torch.linspace(-3, 3, 9, dtype=torch.float64)
+    scale = 0.9 ** positions.abs() if with_scale else None
+    shapes = [(5, 1), (5, 5), (5, 5), (4, 5)]
+    params = [t for out_in in shapes for t in (torch.randn(*out_in, dtype=torch.float64, requires_grad=True),
+                                               torch.randn(out_in[0], dtype=torch.float64, requires_grad=True))]
+
+    def plain(*values):
+        return rpe_mlp(positions, list(values[0::2]), list(values[1::2]), 1e-8, scale)
+
+    def fused(*values):
+        return fused_rpe(positions, scale, 1e-8, *values)
+
+    torch.testing.assert_close(fused(*params), plain(*params), atol=1e-13, rtol=0)
+    assert torch.autograd.gradcheck(fused, tuple(params))

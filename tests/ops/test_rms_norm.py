@@ -1,4 +1,4 @@
-"""SimpleRMSNorm's hand-written backward against autograd through its definition."""
+"""SimpleRMSNorm and its operator (ops_rms_norm): the hand-written backward against autograd through the definition."""
 
 from __future__ import annotations
 
@@ -37,3 +37,11 @@ def test_zero_rows_get_the_finite_limit():
     grad = torch.randn(2, 4, dtype=torch.float64)
     (got,) = torch.autograd.grad(norm(x), x, grad)
     torch.testing.assert_close(got, grad / 1e-3)
+
+
+def test_norm_op_is_the_definition_with_exact_gradients():
+    from modeling_tnn.ops_rms_norm import rms_norm
+
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(rms_norm(x, 1e-8), reference(x, 1e-8), atol=0, rtol=4e-16)
+    assert torch.autograd.gradcheck(lambda a: rms_norm(a, 1e-8), (x,))
