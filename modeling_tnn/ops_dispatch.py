@@ -132,7 +132,8 @@ class ConvolutionKernel:
     """What a convolution needs to know of a real per-channel kernel, lazily (only the form the path takes is built).
 
     ``taps(reach)``: the kernel at lags ``0..reach`` (causal) or ``-reach..reach``, (rows, c), in the input's dtype.
-    ``spectrum(reach, fft_len)``: the rfft (fft_len // 2 + 1, c) of those taps laid out circularly on fft_len points.
+    ``spectrum(reach, fft_len)``: the rfft (fft_len // 2 + 1, c) of those taps laid out circularly on fft_len points
+    (None: the paths transform the taps).
     ``support``: the largest lag of a kernel of fixed support (FD), None for one as long as the input (dense).
     ``spectrum_cached``: spectra are computed once and kept (eval mode): the chunked FFT paths take the spectrum.
     ``native_spectrum(reach, fft_len)``: whether the spectrum is the kernel's own parametrisation on that grid (no
@@ -141,8 +142,8 @@ class ConvolutionKernel:
     """
 
     taps: Callable[[int], torch.Tensor]
-    spectrum: Callable[[int, int], torch.Tensor]
     causal: bool
+    spectrum: Callable[[int, int], torch.Tensor] | None = None
     support: int | None = None
     spectrum_cached: bool = False
     native_spectrum: Callable[[int, int], bool] | None = None
@@ -211,7 +212,8 @@ def plan_convolution(x: torch.Tensor, kernel: ConvolutionKernel, recompute: bool
     if not native and path is Path.CHUNKED and not mapped and not recompute and policy.single_block(x, fft_len):
         # Taps (memoised in eval mode too, not a spectrum): eval and training outputs then agree bitwise.
         return ConvolutionPlan(Path.SINGLE_BLOCK, reach, lag0, fft_len)
-    return ConvolutionPlan(path, reach, lag0, fft_len, step, offset, recompute, native or kernel.spectrum_cached)
+    cached = kernel.spectrum_cached and kernel.spectrum is not None
+    return ConvolutionPlan(path, reach, lag0, fft_len, step, offset, recompute, native or cached)
 
 
 def convolve(x: torch.Tensor, kernel: ConvolutionKernel, recompute: bool | None = None,
@@ -222,6 +224,7 @@ def convolve(x: torch.Tensor, kernel: ConvolutionKernel, recompute: bool | None 
     ``recompute``: whether the FFT paths recompute spectra in backward instead of keeping them (None: by size, see
     ``ConvolutionPolicy.recompute_bytes``). ``input_map``: convolve ``input_map(x)``; the FFT paths apply it inside
     their autograd node and keep only ``x`` (the direct path applies it in front: short inputs keep little)."""
+    policy = current_policy() if policy is None else policy
     plan = plan_convolution(x, kernel, recompute, input_map is not None, policy)
     if plan.path is Path.DIRECT:
         return direct_convolve(x if input_map is None else input_map(x), kernel.taps(plan.reach), plan.lag0)
@@ -232,9 +235,8 @@ def convolve(x: torch.Tensor, kernel: ConvolutionKernel, recompute: bool | None 
     else:
         weights = kernel.taps(plan.reach)
         rebuild = kernel.rebuild(plan.reach) if kernel.rebuild is not None and weights.requires_grad else None
-    budget = (current_policy() if policy is None else policy).chunk_budget(x.device)
     return fft_convolve(x, weights, plan.fft_len, plan.step, plan.offset, plan.lag0, plan.recompute, rebuild,
-                        input_map, budget)
+                        input_map, policy.chunk_budget(x.device))
 
 
 def use_direct(batch: int, n: int, channels: int, policy: ConvolutionPolicy | None = None) -> bool:

@@ -29,7 +29,7 @@ def kernel_of(full: torch.Tensor, causal: bool, support: int | None = None) -> C
         rows = taps(reach)
         layout = torch.cat([rows, rows.new_zeros(fft_len - rows.shape[0], rows.shape[1])])
         return torch.fft.rfft(layout.roll(0 if causal else -reach, 0), dim=0)
-    return ConvolutionKernel(taps=taps, spectrum=spectrum, causal=causal, support=support)
+    return ConvolutionKernel(taps=taps, causal=causal, spectrum=spectrum, support=support)
 
 
 def test_the_direct_path_is_chosen_by_length_batch_and_size():
@@ -100,7 +100,7 @@ def test_every_path_is_the_direct_sum_with_exact_gradients(causal, support, n, p
     torch.testing.assert_close(convolve(x, kernel, policy=POLICIES[policy]), expected, atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(lambda a, k: convolve(a, kernel_of(k, causal, support), policy=POLICIES[policy]),
                                     (x, full), fast_mode=True)
-    cached = ConvolutionKernel(kernel.taps, kernel.spectrum, causal, support, spectrum_cached=True)
+    cached = ConvolutionKernel(kernel.taps, causal, kernel.spectrum, support, spectrum_cached=True)
     torch.testing.assert_close(convolve(x, cached, policy=POLICIES[policy]), expected, atol=1e-12, rtol=0)
 
 

@@ -58,7 +58,7 @@ def test_the_dispatcher_keeps_only_the_pre_image_on_the_fft_path(direct):
     (short inputs keep little). Same values either way."""
     x = torch.randn(2, 64, 8, requires_grad=True)
     taps = torch.randn(64, 8, requires_grad=True)
-    kernel = ConvolutionKernel(taps=lambda reach: taps[: reach + 1], spectrum=None, causal=True)
+    kernel = ConvolutionKernel(taps=lambda reach: taps[: reach + 1], causal=True)
     policy = ConvolutionPolicy().forcing_direct(direct)
     mapped = convolve(x, kernel, recompute=True, input_map=SiluMask(None), policy=policy)
     plain = convolve(F.silu(x), kernel, recompute=True, policy=policy)
