@@ -86,11 +86,13 @@ class TokenMixer(nn.Module):
 
     def convolution_kernel(self, device: torch.device, dtype: torch.dtype) -> ConvolutionKernel:
         """This mixer's kernel as ops_dispatch.convolve takes it, with taps and spectra memoised in eval mode."""
+        memoising = self._memoising()  # asked once per call (it checks for tracing)
+        remember = self._remember if memoising else lambda key, compute: compute()
         return ConvolutionKernel(
-            taps=lambda reach: self.cached(("taps", reach, device, dtype), lambda: self.taps(reach, device, dtype)),
-            spectrum=lambda reach, fft_len: self.cached(("spectrum", reach, fft_len, device, dtype),
-                                                        lambda: self.spectrum(reach, fft_len, device, dtype)),
-            causal=self.causal, support=self.fixed_support, spectrum_cached=self._memoising(),
+            taps=lambda reach: remember(("taps", reach, device, dtype), lambda: self.taps(reach, device, dtype)),
+            spectrum=lambda reach, fft_len: remember(("spectrum", reach, fft_len, device, dtype),
+                                                     lambda: self.spectrum(reach, fft_len, device, dtype)),
+            causal=self.causal, support=self.fixed_support, spectrum_cached=memoising,
             native_spectrum=self.native_spectrum,
             rebuild=(lambda reach: self._rebuilder(reach, device, dtype)) if self.rebuilds_taps else None)
 
@@ -158,6 +160,11 @@ class TokenMixer(nn.Module):
         """``compute()``, memoised under ``key`` in eval mode without autograd; recomputed otherwise."""
         if not self._memoising():
             return compute()
+        return self._remember(key, compute)
+
+    def _remember(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """:meth:`cached` once it is known to memoise: the entry under ``key``, dropped with every entry when a
+        parameter has changed since."""
         version = self._parameter_version()
         if version != self._eval_cache_version:
             self._eval_cache.clear()
