@@ -1,7 +1,7 @@
 """The GTU's gating, ``silu(u_pre) * mixer(silu(v_pre) * mask)``, in two hand-fused pieces beside their plain
 composition (:func:`silu_mask` and ``F.silu(u_pre) * mixed``, checked equal in tests/ops/test_fused_gating.py).
 
-Why they exist (measured: tests/ops/test_fused_gating.py::test_fused_gating_keeps_two_activations_less, and
+Why they exist (measured: tests/mixers/test_gtu_gating.py::test_gating_keeps_two_activations_less, and
 docs/training-speed.md): the plain composition keeps ``silu(u_pre)`` and the mixer's input ``silu(v_pre) * mask``
 for backward on top of ``u_pre``, ``v_pre`` and the mixer's output; the fused pieces recompute both silus in
 backward instead, two activation-sized tensors fewer per layer. Recomputing costs time (up to 15% of a mixer's
