@@ -103,8 +103,8 @@ def test_prefill_then_steps_equals_a_prefill_of_the_whole(case):
             error = difference.abs().max() / scale if difference.numel() else 0.0
             assert error < (1e-5 if exact else 1e-3), (prompt, error)
             probe = _inputs(mixer, 2, 3)  # and the same future
-            torch.testing.assert_close(_run(layer, mixer, probe, total), _run(copy.deepcopy(whole), mixer, probe, total),
-                                       atol=2e-5 * scale, rtol=0)
+            torch.testing.assert_close(_run(layer, mixer, probe, total),
+                                       _run(copy.deepcopy(whole), mixer, probe, total), atol=2e-5 * scale, rtol=0)
 
 
 @pytest.mark.parametrize("chunk", [2, 5])
@@ -121,7 +121,8 @@ def test_a_chunk_equals_its_tokens_stepped(case, chunk):
             if state.horizon is not None and prompt < span:
                 # ETSC's closed kernel repeats past its horizon; a chunk of the window phase runs the parallel
                 # path, whose kernel does not: the two agree up to the horizon (then the cache warns).
-                out_chunked, out_stepped = out_chunked[:, :state.horizon - prompt], out_stepped[:, :state.horizon - prompt]
+                within = state.horizon - prompt
+                out_chunked, out_stepped = out_chunked[:, :within], out_stepped[:, :within]
             torch.testing.assert_close(out_chunked, out_stepped, atol=2e-5 * out_stepped.abs().max(), rtol=0)
             _assert_same_state(chunked, stepped, v.shape[1])
 
