@@ -124,3 +124,27 @@ def test_a_cache_whose_shapes_change_is_not_compileable(mixer, gamma, mode, comp
     with torch.no_grad():
         model(input_ids=torch.randint(1, 128, (1, 4)), **{CACHE_FIELD: cache})
     assert cache.is_compileable is compileable
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_transformers_exporter_exports_the_prefill_and_the_decode_step(dynamic):
+    """transformers' own exporter (its torch.export tests, run with RUN_SLOW=1) splits generate into a prefill and a
+    decode step and maps the cache's tensors by assigning the attributes of every object in it: nothing in the cache
+    may be frozen (a frozen plan failed with FrozenInstanceError), and the exported steps give the eager logits."""
+    exporters = pytest.importorskip("transformers.exporters.exporter_dynamo")
+    from transformers.exporters.configs import DynamoConfig
+    from transformers.exporters.utils import decompose_for_generation
+
+    model = _model("dense")
+    ids = torch.randint(1, 128, (2, 7))
+    stages = decompose_for_generation(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                                      multi_token_decode=dynamic)
+    assert set(stages) == {"prefill", "decode"}
+    for stage, inputs in stages.values():
+        with torch.no_grad():
+            eager = stage(**copy.deepcopy(inputs))
+        program = exporters.DynamoExporter().export(stage, inputs, config=DynamoConfig(dynamic=dynamic))
+        with torch.no_grad():
+            exported = program.program.module()(**copy.deepcopy(inputs))
+        torch.testing.assert_close(exported.logits, eager.logits, atol=1e-4, rtol=1e-4)
