@@ -136,9 +136,10 @@ class TnnCache(Cache):
         certified relative l1 error of the layer's kernel, its largest channel's; None where the plan is exact)."""
         rows = []
         for layer in self.layers:
-            row = dict(plan=None, window=None, modes=None) if layer.state is None else layer.state.describe()
+            row = (dict(plan=None, window=None, modes=None, error_bound=None) if layer.state is None
+                   else layer.state.describe())
             rows.append(dict(plan=row["plan"], window=row["window"], modes=row["modes"],
-                             state_bytes=layer.state_bytes(), error_bound=row.get("error_bound")))
+                             state_bytes=layer.state_bytes(), error_bound=row["error_bound"]))
         return rows
 
     def advance(self, tokens: int) -> None:
