@@ -14,16 +14,10 @@ import torch
 from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from .configuration_tnn import GENERATION_CACHE_MODES
-from .decoding_compact import CompactState
 from .decoding_plan import PLANNERS, PlanSettings
-from .decoding_ssm import SsmState
-from .decoding_state import DecodingState
-from .decoding_window import WindowState
+from .decoding_state import STATE_CLASSES, DecodingState
 from .mixer_base import TokenMixer
 from .runtime import compute_dtype
-
-# The state classes by plan name: how a flattened cache names its layers' states.
-STATE_CLASSES: dict[str, type[DecodingState]] = {cls.PLAN: cls for cls in (WindowState, SsmState, CompactState)}
 
 
 class TnnCacheLayer(LinearAttentionCacheLayerMixin):
@@ -183,8 +177,7 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
 
 # -- torch.export / torch.compile: the cache as a pytree of its tensors ----------------------------------------------
 # The context holds only plain values (each state as its plan's name and numbers), so that torch.export can serialise
-# it; the tensors are the leaves: the seen counter, then each layer's two state tensors and its kernel constants.
-CONSTANT_SLOTS = max(len(cls.CONSTANTS) for cls in STATE_CLASSES.values())
+# it; the tensors are the leaves: the seen counter, then each layer's two state tensors and its state's constants.
 
 
 def _layer_context(layer: TnnCacheLayer):
@@ -197,8 +190,7 @@ def _flatten_cache(cache: TnnCache):
     children = [cache.seen_counter]
     for layer in cache.layers:
         constants = [] if layer.state is None else layer.state.constants()
-        children += [layer.recurrent_states[0], layer.recurrent_states[1],
-                     *constants, *[None] * (CONSTANT_SLOTS - len(constants))]
+        children += [layer.recurrent_states[0], layer.recurrent_states[1], *constants]
     context = (cache.mode, cache.settings.etsc_length, cache.settings.tolerance, cache._seen_tokens, cache._warned,
                cache._declared_fixed, tuple(_layer_context(layer) for layer in cache.layers))
     return children, context
@@ -211,13 +203,12 @@ def _unflatten_cache(children, context) -> TnnCache:
     cache.mode, cache.settings = mode, PlanSettings(etsc_length, tolerance)
     cache._seen, cache._warned, cache._declared_fixed = seen, warned, declared_fixed
     cache.seen_counter, children = children[0], children[1:]
-    width = 2 + CONSTANT_SLOTS
-    for index, (layer, (numbers, has_state)) in enumerate(zip(cache.layers, layers)):
-        window, modes, *constants = children[index * width: (index + 1) * width]
-        if numbers is not None:
-            plan, values = numbers
-            state_class = STATE_CLASSES[plan]
-            layer.state = state_class.rebuilt(dict(values), constants[: len(state_class.CONSTANTS)])
+    for layer, (numbers, has_state) in zip(cache.layers, layers):
+        state_class = None if numbers is None else STATE_CLASSES[numbers[0]]
+        width = 2 + (0 if state_class is None else len(state_class.CONSTANTS))
+        (window, modes, *constants), children = children[:width], children[width:]
+        if state_class is not None:
+            layer.state = state_class.rebuilt(dict(numbers[1]), constants)
         for state_idx, state in enumerate((window, modes)):
             if state is not None:
                 layer.update_recurrent_state(state, state_idx)

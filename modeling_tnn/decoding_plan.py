@@ -48,7 +48,8 @@ class PlanSettings:
 
 def modal_tail(mixer: TokenMixer, tolerance: float, device: torch.device) -> ModalTail | None:
     """The mixer's fitted tail, once per set of weights (memoised like its kernel constants); under tracing the last
-    eager fit; None where there is none (or the mixer offers no modal tail)."""
+    eager fit; None where there is none (or the mixer offers no modal tail). The one place a layer's tail comes
+    from: a plan shipped with the weights would be read here instead of fitted."""
     if mixer.modal_tail_rpe() is None:
         return None
     if tracing():

@@ -37,6 +37,11 @@ def pole_powers(poles: torch.Tensor, exponents: int | torch.Tensor, dtype: torch
     return torch.exp(exponents * log).to(poles.dtype if dtype is None else dtype)
 
 
+# Every state class by its plan's name (filled as the classes are defined): how a flattened cache names its layers'
+# states, so that a new state needs no change to the cache's pytree code.
+STATE_CLASSES: dict[str, type[DecodingState]] = {}
+
+
 @dataclasses.dataclass(eq=False)
 class DecodingState:
     """One layer's decoding state: how the next outputs follow from the inputs seen, and the kernel constants that
@@ -51,6 +56,11 @@ class DecodingState:
 
     #: The context length up to which the state decodes exactly (None: every length).
     horizon: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.PLAN:
+            STATE_CLASSES[cls.PLAN] = cls
 
     @property
     def fixed_shapes(self) -> bool:

@@ -14,6 +14,7 @@ from modeling_tnn.decoding_cache import TnnCacheLayer
 from modeling_tnn.decoding_compact import CompactState
 from modeling_tnn.decoding_plan import PLANNERS, PlanSettings
 from modeling_tnn.decoding_ssm import SsmState
+from modeling_tnn.decoding_state import pole_powers
 from modeling_tnn.decoding_window import WindowState, window_history
 
 from tests.support import tiny_config
@@ -148,3 +149,19 @@ def test_reordered_or_repeated_rows_equal_running_the_selected_rows(case):
         torch.testing.assert_close(_run(repeated, mixer, expanded[:, prompt:], prompt),
                                    _run(_prefilled(state, mixer, expanded[:, :prompt]), mixer, expanded[:, prompt:],
                                         prompt))
+
+
+def test_pole_powers_equal_products_of_float64_factors_in_the_shape_of_exponents_then_poles():
+    """The one helper for powers of poles: any exponents' shape in front of the poles' shape, the poles' dtype (or the
+    one asked for), and the values of repeated complex128 products (to float64 rounding of k multiplications)."""
+    generator = torch.Generator().manual_seed(0)
+    poles = torch.polar(0.5 + 0.49 * torch.rand(3, 4, generator=generator, dtype=torch.float64),
+                        3.0 * torch.rand(3, 4, generator=generator, dtype=torch.float64))
+    products = torch.cumprod(torch.cat([torch.ones_like(poles)[None], poles[None].expand(299, -1, -1)]), dim=0)
+    exponents = torch.tensor([[0, 7], [150, 299]])
+    powers = pole_powers(poles.to(torch.complex64), exponents, torch.complex128)
+    assert powers.shape == (2, 2, 3, 4) and powers.dtype == torch.complex128
+    torch.testing.assert_close(powers, products[exponents], atol=1e-6, rtol=1e-5)  # poles rounded to complex64
+    torch.testing.assert_close(pole_powers(poles, exponents), products[exponents], atol=1e-13, rtol=1e-12)
+    assert pole_powers(poles.to(torch.complex64), 5).dtype == torch.complex64
+    torch.testing.assert_close(pole_powers(poles, 5), products[5], atol=1e-14, rtol=1e-13)
