@@ -110,7 +110,7 @@ class TokenMixer(nn.Module):
             return self.taps(reach, device, dtype)
         return rebuild
 
-    # -- recurrent decoding (causal mixers; see etsc_cache.py) ---------------------------------------------------
+    # -- recurrent decoding (causal mixers; see decoding_state.py and decoding_plan.py) ----------------------------
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         """The causal kernel ``t_0 .. t_{n-1}`` (n, channels) the parallel path applies."""
@@ -128,6 +128,19 @@ class TokenMixer(nn.Module):
     def kernel_support(self, device: torch.device) -> int | None:
         """Number of causal taps that reach an output to float32 resolution (lags beyond contribute nothing a
         float32 model can see), or None when the kernel has no such bound. Decoding keeps that many past inputs."""
+        return None
+
+    def has_kernel_support(self) -> bool:
+        """Whether this kind of kernel has a :meth:`kernel_support`, known before any weight is read (a cache asks it
+        when built): its decoding states then keep their shapes from the prefill on (a window of the support, or
+        the compact state), so a compiled decode step is one graph."""
+        return False
+
+    def modal_tail_rpe(self) -> nn.Module | None:
+        """Where the mixer offers the compact decoding state (an exact window and its tail as modes): the RPE
+        (:class:`~modeling_tnn.rpe.Rpe`) whose values times ``ssm_kernel_decay()**k`` (below 1) are the causal taps.
+        The modal fit evaluates the kernel from it in float64 and bounds its tail by its ``supremum_bound``. None:
+        no compact state."""
         return None
 
     # -- eval-mode memoisation -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_tnn import TnnConfig
-from .etsc_cache import TnnCache, mix_with_cache
+from .decoding_cache import TnnCache, mix_with_cache
 from .input_validation import validate_model_inputs
 from .mixer_base import TokenMixer
 from .ops_fused_gating import SiluMask, fuses_gating, silu_gate, silu_mask

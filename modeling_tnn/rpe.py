@@ -73,6 +73,20 @@ class Rpe(nn.Module):
             z = self._linear(self.out_proj, F.relu(self.norm(z)), dtype)
             return z if scale is None else z * scale[:, None]
 
+    def supremum_bound(self) -> torch.Tensor:
+        """Per output, an upper bound of ``|RPE(x)|`` over every input ``x`` (every lag, however large), (out_dim,)
+        float64: what the compact decoding state's certificate assumes of the kernel beyond the lags it evaluates.
+
+        The last stage is ``out_proj(relu(norm(z)))``; ``norm`` divides by the rms plus a positive eps, so
+        ``||relu(norm(z))||_2 <= ||norm(z)||_2 < sqrt(d)`` and ``|RPE(x)_c| <= sqrt(d) ||w_c||_2 + |b_c|``. Kept
+        here, beside the structure it reads: a change of the RPE's last stage must change this bound too."""
+        import math  # (here, not at the top: this method is the bound's own hunk of the file)
+
+        weight = self.out_proj.weight.detach().to(torch.float64)
+        bias = self.out_proj.bias
+        bias = weight.new_zeros(weight.shape[0]) if bias is None else bias.detach().to(torch.float64).abs()
+        return math.sqrt(weight.shape[1]) * weight.norm(dim=1) + bias
+
     def _linears(self) -> list[nn.Module]:
         return [self.pos_proj, *self.layers, self.out_proj]
 

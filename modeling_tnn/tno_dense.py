@@ -89,6 +89,12 @@ class DenseTno(TokenMixer):
     def ssm_kernel_decay(self) -> float:
         return self.gamma
 
+    def has_kernel_support(self) -> bool:
+        return self.gamma < 1  # the decay bounds the support (kernel_support measures it)
+
+    def modal_tail_rpe(self) -> Rpe | None:
+        return self.rpe if self.gamma < 1 else None
+
     def kernel_support(self, device: torch.device) -> int | None:
         """The lag after which ``|RPE(k)| gamma**k`` stays below float32 resolution relative to the kernel's peak
         (None for ``gamma == 1``, or when that takes more than ``MAX_SUPPORT`` lags).

@@ -122,3 +122,6 @@ class FdTno(TokenMixer):
 
     def kernel_support(self, device: torch.device) -> int:
         return self.grid // 2 + 1  # the causal kernel's lags 0 .. grid/2: a window of inputs decodes exactly
+
+    def has_kernel_support(self) -> bool:
+        return True  # a fixed support, whatever the weights

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Time of the compact decoding state's fit (modeling_tnn/modal_fit.py, once per set of weights) and the plan it
-gives, for two models with random weights at their initialisation:
+"""Time of the compact decoding state's fit (modeling_tnn/decoding_modal_fit.py, once per set of weights) and the
+plan it gives, for two models with random weights at their initialisation:
 
 - ``benchmark``: bench_generation.py's benchmark model (the ``small`` preset at hidden 256, 4 layers, vocabulary
   8,192, ``decay_gamma`` 0.99; built by its ``tnn`` helper), 768 channels per layer;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Whether FD kernels compress like decaying dense ones: the compact plan's fit (modeling_tnn.modal_fit) applied to
-the causal FD kernel of bench_generation's FD model (layer 0), its relative l1 error over 4,096 lags per channel.
+"""Whether FD kernels compress like decaying dense ones: the compact plan's fit (modeling_tnn.decoding_modal_fit)
+applied to the causal FD kernel of bench_generation's FD model (layer 0), its relative l1 error over 4,096 lags per channel.
 
     python run_scripts/bench_fd_compression.py --output results/bench_generation/fd_compression.json
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from modeling_tnn import TnnForCausalLM, load_preset
-from modeling_tnn.modal_fit import fit_residues, hankel_poles, modal_taps
+from modeling_tnn.decoding_modal_fit import fit_residues, hankel_poles, modal_taps
 
 LAGS = 4096
 FITS = ((32, 32), (32, 64), (64, 96), (128, 128))  # (window, realisation rank)

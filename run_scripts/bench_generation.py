@@ -281,10 +281,9 @@ def horizon_error(args, models: dict[str, torch.nn.Module]) -> list[dict]:
                     decoded = [model(input_ids=ids[:, i:i + 1], **{CACHE_FIELD: cache}).logits[0, -1]
                                for i in range(prompt, total)]
                     error = (torch.stack(decoded) - full).abs().max()
-                    plan = cache.layers[0].plan
+                    plan = cache.describe()[0]
                     bounds = [layer["error_bound"] for layer in cache.describe() if layer["error_bound"] is not None]
-                    state = f"{plan.kind} {plan.period or plan.capacity}" + (f" + {plan.modes} modes" if plan.modes
-                                                                            else "")
+                    state = f"{plan['plan']} {plan['window']}" + (f" + {plan['modes']} modes" if plan["modes"] else "")
                     rows.append(dict(mixer=mixer, mode=mode, state=state, context=total, multiple=multiple,
                                      max_abs_error=error.item(), relative_error=(error / full.abs().max()).item(),
                                      certified_bound=max(bounds) if bounds else None,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
-from modeling_tnn.etsc_cache import TnnCache
+from modeling_tnn.decoding_cache import TnnCache
 
 from tests.support import CAUSAL_MIXERS, MIXERS, tiny_config
 

@@ -546,7 +546,7 @@ def test_committed_model_cards_are_well_formed(card_file):
 ])
 def test_generation_limitation_follows_the_mode_the_kernel_and_the_shipped_code(tmp_path, config, support_aware,
                                                                               expected):
-    code = tmp_path / "etsc_cache.py"
+    code = tmp_path / "decoding_plan.py"
     code.write_text("etsc_length" + (" kernel_support" if support_aware else ""))
     text = model_card._generation_limitation({"etsc_length": 512, **config}, [code])
     assert expected in text

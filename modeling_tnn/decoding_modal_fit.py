@@ -11,11 +11,14 @@ The bound is computed from the weights, not sampled. Per channel,
     B = [sum_{W<=k<L} |t_k - t̂_k| + sum_{k>=L} (|t_k| + |t̂_k|)] / sum_{k<L} |t_k|
 
 with the first sum computed in float64 on the modes *as stored* (rounded to complex64), and the sums beyond ``L``
-in closed form: ``|RPE(k)| <= S`` for every lag, where ``S`` follows from the RPE's last stage alone (its input is a
-ReLU of a SimpleRMSNorm output, whose Euclidean norm is below ``sqrt(d)``), so ``sum_{k>=L} |t_k| <= S gamma**L /
+in closed form: ``|RPE(k)| <= S`` for every lag, where ``S`` is the RPE's own bound
+(:meth:`~modeling_tnn.rpe.Rpe.supremum_bound`, from its last stage), so ``sum_{k>=L} |t_k| <= S gamma**L /
 (1 - gamma)``; and ``sum_{k>=L} |t̂_k| <= sum_j |c_j| |z_j|**(L - W) / (1 - |z_j|)``. The denominator is a lower bound
 of ``||t||_1``. Since ``|y - ŷ| <= ||t - t̂||_1 ||x||_inf``, every mixer output then differs from the exact kernel's by
 at most ``B ||t||_1 ||x||_inf``.
+
+The mixer declares what is fitted: :meth:`~modeling_tnn.mixer_base.TokenMixer.modal_tail_rpe` (the RPE whose values
+times ``decay**k`` are its causal taps) and :meth:`~modeling_tnn.mixer_base.TokenMixer.ssm_kernel_decay` (gamma).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
+from .decoding_state import pole_powers
+from .mixer_base import TokenMixer
 from .ops_fft_sizes import smooth_size
-from .tno_dense import DenseTno
+from .rpe import Rpe
 
 # Columns of the randomised subspace iteration beyond the realisation's rank.
 SKETCH_OVERSAMPLING = 16
@@ -42,12 +47,15 @@ class ModalTail:
     """A kernel's tail ``k >= window`` as modes: ``t̂_k = Re(sum_j residues[c, j] * poles[c, j]**(k - window))``.
 
     ``poles`` and ``residues`` are (channels, modes) complex64, as decoding uses them; ``bound`` (channels,) float64
-    is each channel's certified relative l1 error of the whole kernel (see the module docstring)."""
+    is each channel's certified relative l1 error of the whole kernel (see the module docstring), fitted for
+    ``tolerance``. A plain object of tensors and numbers: a layer's fitted plan, which
+    :meth:`~modeling_tnn.decoding_compact.CompactState.from_tail` turns into its decoding state."""
 
     window: int
     poles: torch.Tensor
     residues: torch.Tensor
     bound: torch.Tensor
+    tolerance: float | None = None
 
     @property
     def modes(self) -> int:
@@ -58,24 +66,23 @@ class ModalTail:
         self.max_bound = float(self.bound.max())
 
 
-def float64_taps(mixer: DenseTno, lags: torch.Tensor) -> torch.Tensor:
+def tail_rpe(mixer: TokenMixer) -> Rpe:
+    """The RPE of the mixer's decaying kernel ``RPE(k) gamma**k`` (its declared :meth:`modal_tail_rpe`)."""
+    rpe = mixer.modal_tail_rpe()
+    if rpe is None:
+        raise ValueError(f"{type(mixer).__name__} offers no modal tail: a compact state needs a causal kernel "
+                         f"RPE(k) gamma**k that decays (decay_gamma < 1).")
+    return rpe
+
+
+def float64_taps(mixer: TokenMixer, lags: torch.Tensor) -> torch.Tensor:
     """The causal kernel ``RPE(k) gamma**k`` at ``lags`` (L,), evaluated in float64 whatever the weights' dtype."""
-    params = {name: p.detach().to(torch.float64) for name, p in mixer.rpe.named_parameters()}
+    rpe = tail_rpe(mixer)
+    params = {name: p.detach().to(torch.float64) for name, p in rpe.named_parameters()}
     lags = lags.to(torch.float64)
     with torch.no_grad():
-        values = functional_call(mixer.rpe, params, (lags,))
-    return values * (mixer.gamma ** lags)[:, None]
-
-
-def rpe_supremum(mixer: DenseTno) -> torch.Tensor:
-    """Per channel, an upper bound of ``|RPE(k)|`` over every lag, (channels,) float64: the RPE's last stage is
-    ``out_proj(relu(norm(z)))`` and ``||relu(norm(z))||_2 <= ||norm(z)||_2 < sqrt(d)`` (``norm`` divides by the rms
-    plus a positive eps), so ``|RPE(k)_c| <= sqrt(d) ||w_c||_2 + |b_c|``."""
-    weight = mixer.rpe.out_proj.weight.detach().to(torch.float64)
-    bias = mixer.rpe.out_proj.bias
-    bias = torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device) if bias is None \
-        else bias.detach().to(torch.float64).abs()
-    return math.sqrt(weight.shape[1]) * weight.norm(dim=1) + bias
+        values = functional_call(rpe, params, (lags,))
+    return values * (mixer.ssm_kernel_decay() ** lags)[:, None]
 
 
 def hankel_product(spectrum: torch.Tensor, rows: torch.Tensor, fft_len: int) -> torch.Tensor:
@@ -142,10 +149,8 @@ def power_grid(poles: torch.Tensor, start: int, count: int) -> tuple[torch.Tenso
     logarithm, as exact as a direct evaluation, at ``B + M`` evaluations instead of ``count``."""
     block = max(1, math.isqrt(count))
     blocks = -(-count // block)
-    log = torch.log(poles)[:, None, :]
-    real = poles.real.dtype
-    fine = torch.exp(torch.arange(block, device=poles.device, dtype=real)[:, None] * log)
-    coarse = torch.exp((start + block * torch.arange(blocks, device=poles.device, dtype=real))[:, None] * log)
+    fine = pole_powers(poles, torch.arange(block, device=poles.device)).transpose(0, 1)
+    coarse = pole_powers(poles, start + block * torch.arange(blocks, device=poles.device)).transpose(0, 1)
     return coarse, fine
 
 
@@ -189,10 +194,10 @@ def modal_taps(poles: torch.Tensor, residues: torch.Tensor, offsets: torch.Tenso
     return modal_values(poles, residues, first, last - first + 1)[:, offsets.to(torch.long) - first].t()
 
 
-def exact_horizon(mixer: DenseTno, supremum: torch.Tensor, l1_floor: torch.Tensor, tolerance: float) -> int:
+def exact_horizon(mixer: TokenMixer, supremum: torch.Tensor, l1_floor: torch.Tensor, tolerance: float) -> int:
     """The lag ``L`` after which the closed-form bound of the true kernel, ``S gamma**L / (1 - gamma)``, is below
     ``TAIL_SHARE * tolerance`` of the kernel's l1 norm in every channel (at most ``MAX_EXACT_LAGS``)."""
-    gamma = mixer.gamma
+    gamma = mixer.ssm_kernel_decay()
     ratio = float((supremum / l1_floor).max()) / (1 - gamma)
     target = TAIL_SHARE * tolerance
     if ratio <= target:
@@ -200,13 +205,13 @@ def exact_horizon(mixer: DenseTno, supremum: torch.Tensor, l1_floor: torch.Tenso
     return min(MAX_EXACT_LAGS, math.ceil(math.log(target / ratio) / math.log(gamma)))
 
 
-def certified_bound(mixer: DenseTno, poles: torch.Tensor, residues: torch.Tensor, window: int,
+def certified_bound(mixer: TokenMixer, poles: torch.Tensor, residues: torch.Tensor, window: int,
                     tolerance: float, taps: torch.Tensor, channels: torch.Tensor | None = None) -> torch.Tensor:
     """Each channel's certified relative l1 error (channels,) float64 of the kernel made of the exact window and
     the modes ``poles``/``residues`` (complex128, the values decoding uses). ``taps`` holds the float64 kernel of
     ``channels`` (all by default) on lags ``0 .. n-1`` already evaluated (more are evaluated as needed)."""
     device = taps.device
-    supremum = rpe_supremum(mixer).to(device)
+    supremum = tail_rpe(mixer).supremum_bound().to(device)
     if channels is not None:
         supremum = supremum[channels]
     horizon = exact_horizon(mixer, supremum, taps.abs().sum(0), tolerance)
@@ -216,13 +221,14 @@ def certified_bound(mixer: DenseTno, poles: torch.Tensor, residues: torch.Tensor
     horizon = max(horizon, window)
     error = (taps[window:horizon].t() - modal_values(poles, residues, 0, horizon - window)).abs().sum(1)
     l1 = taps[:horizon].abs().sum(0)
-    kernel_beyond = supremum * mixer.gamma**horizon / (1 - mixer.gamma)
+    gamma = mixer.ssm_kernel_decay()
+    kernel_beyond = supremum * gamma**horizon / (1 - gamma)
     magnitude = poles.abs()
     modes_beyond = (residues.abs() * magnitude ** (horizon - window) / (1 - magnitude)).sum(-1)
     return (error + kernel_beyond + modes_beyond) / l1
 
 
-def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, device: torch.device,
+def fit_modal_tail(mixer: TokenMixer, window: int, rank: int, tolerance: float, device: torch.device,
                    channels: torch.Tensor | None = None, taps: torch.Tensor | None = None, pole_span: int = 1200,
                    residue_span: int | None = None, power_steps: int = 1) -> ModalTail:
     """Fit the tail ``k >= window`` of ``mixer``'s causal kernel (its ``channels``, all by default) with the real and
@@ -231,8 +237,7 @@ def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, de
     ``gamma**k`` exceeds 2**-30), round them to complex64 and certify them over every lag
     (:func:`certified_bound`). ``taps``: the float64 kernel of all channels on lags ``0 .. n-1`` if already
     evaluated (more are evaluated as needed)."""
-    if not mixer.gamma < 1:
-        raise ValueError(f"A modal tail needs a decaying kernel (decay_gamma < 1), got decay_gamma={mixer.gamma}.")
+    tail_rpe(mixer)  # raises where the mixer offers none
     if residue_span is None:
         residue_span = residue_reach(mixer)
     needed = window + max(pole_span, residue_span)
@@ -249,12 +254,12 @@ def fit_modal_tail(mixer: DenseTno, window: int, rank: int, tolerance: float, de
         poles = torch.where(inside, poles, poles * (1 - 2.0**-20))
     bound = certified_bound(mixer, poles.to(torch.complex128), residues.to(torch.complex128), window, tolerance, taps,
                             channels)
-    return ModalTail(window=window, poles=poles, residues=residues, bound=bound)
+    return ModalTail(window=window, poles=poles, residues=residues, bound=bound, tolerance=tolerance)
 
 
-def residue_reach(mixer: DenseTno) -> int:
+def residue_reach(mixer: TokenMixer) -> int:
     """The tail lags over which the residues are fitted by default: those where ``gamma**k`` exceeds 2**-30."""
-    return min(MAX_EXACT_LAGS, math.ceil(math.log(2.0**-30) / math.log(mixer.gamma)))
+    return min(MAX_EXACT_LAGS, math.ceil(math.log(2.0**-30) / math.log(mixer.ssm_kernel_decay())))
 
 
 @dataclass(frozen=True)
@@ -277,7 +282,7 @@ FIT_LADDER = (Rung(32, 32, pole_span=800, residue_span=800, power_steps=0), Rung
               Rung(64, 48), Rung(96, 64))
 
 
-def compact_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> ModalTail:
+def compact_tail(mixer: TokenMixer, tolerance: float, device: torch.device) -> ModalTail:
     """The modal tail decoding uses: the fits of ``FIT_LADDER`` in turn, each on the channels not yet certified,
     every channel keeping its smallest bound, until all meet ``tolerance`` or the ladder ends."""
     reach = residue_reach(mixer)
@@ -295,7 +300,8 @@ def compact_tail(mixer: DenseTno, tolerance: float, device: torch.device) -> Mod
         # Widening re-rounded some residues to complex64: certify the constants decoding will use.
         bound = certified_bound(mixer, best.poles.to(torch.complex128), best.residues.to(torch.complex128),
                                 best.window, tolerance, taps)
-        best = ModalTail(window=best.window, poles=best.poles, residues=best.residues, bound=bound)
+        best = ModalTail(window=best.window, poles=best.poles, residues=best.residues, bound=bound,
+                         tolerance=tolerance)
     return best
 
 
@@ -306,8 +312,9 @@ def _widened(tail: ModalTail, window: int) -> ModalTail:
     shift = window - tail.window
     if shift == 0:
         return tail
-    residues = tail.residues.to(torch.complex128) * tail.poles.to(torch.complex128) ** shift
-    return ModalTail(window=window, poles=tail.poles, residues=residues.to(torch.complex64), bound=tail.bound)
+    residues = tail.residues.to(torch.complex128) * pole_powers(tail.poles, shift, torch.complex128)
+    return ModalTail(window=window, poles=tail.poles, residues=residues.to(torch.complex64), bound=tail.bound,
+                     tolerance=tail.tolerance)
 
 
 def _merged(best: ModalTail, refit: ModalTail, channels: torch.Tensor) -> ModalTail:
@@ -325,4 +332,4 @@ def _merged(best: ModalTail, refit: ModalTail, channels: torch.Tensor) -> ModalT
     poles[chosen] = pad(refit.poles, (0, modes - refit.modes), value=0.5)[better]
     residues[chosen] = pad(refit.residues, (0, modes - refit.modes))[better]
     bound[chosen] = refit.bound[better]
-    return ModalTail(window=window, poles=poles, residues=residues, bound=bound)
+    return ModalTail(window=window, poles=poles, residues=residues, bound=bound, tolerance=best.tolerance)

@@ -89,7 +89,7 @@ def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
     slots come from a tensor counter, not from the Python count, which would recompile at each step."""
     from transformers import CompileConfig
 
-    from modeling_tnn.etsc_cache import TnnCache
+    from modeling_tnn.decoding_cache import TnnCache
 
     torch._dynamo.reset()
     model = _model(mixer)
@@ -98,7 +98,7 @@ def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
     with torch.no_grad():
         model(input_ids=prompt[:, :2], use_cache=True, generation_cache=mode)  # the eager fit a compiled step reads
         eager = model.generate(prompt, generation_cache=mode, **greedy)
-        cache = TnnCache(model.config, mode=mode)
+        cache = TnnCache(model.config, mode=mode, model=model)  # its mixers say the state keeps its shapes
         assert cache.is_compileable
         config = CompileConfig(backend="eager", fullgraph=True, dynamic=None)
         config._compile_all_devices = True  # generate compiles on CPU only when told to
@@ -108,10 +108,43 @@ def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
     assert torch.equal(compiled, eager)
 
 
-def test_a_cache_whose_shapes_change_is_not_compileable():
-    """ETSC's SSM is a window until its period fills, then a complex state: generate must not compile its step."""
-    from modeling_tnn.etsc_cache import TnnCache
+@pytest.mark.parametrize("mixer, gamma, mode, compileable", [
+    ("dense", 0.9, "etsc", False), ("dense", 1.0, "exact", False), ("fd", 1.0, "exact", True),
+    ("dense", 0.9, "auto", True), ("fd", 1.0, "etsc", False)])
+def test_a_cache_whose_shapes_change_is_not_compileable(mixer, gamma, mode, compileable):
+    """ETSC's SSM is a window until its period fills, then a complex state, and a history that does not decay grows:
+    generate must not compile their step. Built for a model, the cache asks its mixers; without one it knows only
+    from the first forward on, from the states it then holds."""
+    from modeling_tnn.decoding_cache import TnnCache
 
-    assert not TnnCache(tiny_config("dense", decay_gamma=0.9), mode="etsc").is_compileable
-    assert not TnnCache(tiny_config("dense", decay_gamma=1.0), mode="exact").is_compileable
-    assert TnnCache(tiny_config("fd"), mode="exact").is_compileable
+    model = TnnForCausalLM(tiny_config(mixer, decay_gamma=gamma)).eval()
+    assert TnnCache(model.config, mode=mode, model=model).is_compileable is compileable
+    cache = TnnCache(model.config, mode=mode)
+    assert not cache.is_compileable  # nothing declared, nothing planned yet
+    with torch.no_grad():
+        model(input_ids=torch.randint(1, 128, (1, 4)), **{CACHE_FIELD: cache})
+    assert cache.is_compileable is compileable
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_transformers_exporter_exports_the_prefill_and_the_decode_step(dynamic):
+    """transformers' own exporter (its torch.export tests, run with RUN_SLOW=1) splits generate into a prefill and a
+    decode step and maps the cache's tensors by assigning the attributes of every object in it: nothing in the cache
+    may be frozen (a frozen plan failed with FrozenInstanceError), and the exported steps give the eager logits."""
+    exporters = pytest.importorskip("transformers.exporters.exporter_dynamo")
+    from transformers.exporters.configs import DynamoConfig
+    from transformers.exporters.utils import decompose_for_generation
+
+    model = _model("dense")
+    ids = torch.randint(1, 128, (2, 7))
+    stages = decompose_for_generation(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                                      multi_token_decode=dynamic)
+    assert set(stages) == {"prefill", "decode"}
+    for stage, inputs in stages.values():
+        with torch.no_grad():
+            eager = stage(**copy.deepcopy(inputs))
+        program = exporters.DynamoExporter().export(stage, inputs, config=DynamoConfig(dynamic=dynamic))
+        with torch.no_grad():
+            exported = program.program.module()(**copy.deepcopy(inputs))
+        torch.testing.assert_close(exported.logits, eager.logits, atol=1e-4, rtol=1e-4)

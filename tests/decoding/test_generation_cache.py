@@ -1,4 +1,5 @@
-"""ETSC conversion and the generation cache against the no-cache forward."""
+"""The generation cache against the no-cache forward in every mode (window, ETSC's SSM, compact), and the ETSC
+conversion."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from modeling_tnn import TnnForCausalLM
-from modeling_tnn.etsc_cache import TnnCache, dft_modes, etsc_modes, half_spectrum, ssm_kernel
+from modeling_tnn.decoding_cache import TnnCache
+from modeling_tnn.decoding_ssm import dft_modes, etsc_modes, half_spectrum, ssm_kernel
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from tests.support import CAUSAL_MIXERS, tiny_config
@@ -84,13 +86,13 @@ def test_cached_decoding_equals_the_no_cache_forward(mixer, gamma, mode, chunk):
     model = _model(mixer, decay_gamma=gamma)
     with torch.no_grad():
         _, cache = _stepped_logits(model, torch.ones(1, 2, dtype=torch.long), 1, mode)
-    plan = cache.layers[0].plan
-    span = plan.period if plan.kind == "ssm" else plan.capacity or 64  # where the state changes (64: it grows)
+    plan = cache.describe()[0]
+    span = plan["window"] or 64  # where the state changes: the window, the SSM's period (64: the history grows)
     ids = torch.randint(1, 128, (2, span + 12))
     mask = torch.ones_like(ids)
     mask[0, :4] = 0  # a left-padded row
     full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    inexact = plan.horizon is not None
+    inexact = cache.layers[0].state.horizon is not None
     for prompt in (span - 4, span + 2):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore" if inexact else "error")
@@ -108,16 +110,16 @@ def test_auto_mode_is_compact_where_certified_else_exact():
                                ("fd", 1.0, "auto")):
         with torch.no_grad():
             _, cache = _stepped_logits(_model(mixer, decay_gamma=gamma), torch.ones(1, 2, dtype=torch.long), 1, mode)
-        plans[mixer, gamma, mode] = cache.layers[0].plan
+        plans[mixer, gamma, mode] = cache.describe()[0] | {"horizon": cache.layers[0].state.horizon}
     plans["dense", 0.9] = plans["dense", 0.9, "exact"]
     plans["fd", 1.0], plans["dense", 1.0] = plans["fd", 1.0, "auto"], plans["dense", 1.0, "auto"]
     compact = plans["dense", 0.9, "auto"]
-    assert compact.kind == "compact" and compact.error_bound <= 1e-5  # the default compact_tolerance
+    assert compact["plan"] == "compact" and compact["error_bound"] <= 1e-5  # the default compact_tolerance
     support = _model("dense", decay_gamma=0.9).model.layers[0].gtu.token_mixer.kernel_support(torch.device("cpu"))
     assert 0.9**support < 2**-24 < 0.9 ** (support - 30)  # past gamma's float32 horizon, by less than 30 lags here
-    assert plans["dense", 0.9].kind == "window" and plans["dense", 0.9].capacity == support
-    assert plans["fd", 1.0].kind == "window" and plans["fd", 1.0].capacity == HORIZON + 1
-    assert plans["dense", 1.0].kind == "ssm" and plans["dense", 1.0].horizon == HORIZON  # ETSC, warned past it
+    assert plans["dense", 0.9]["plan"] == "window" and plans["dense", 0.9]["window"] == support
+    assert plans["fd", 1.0]["plan"] == "window" and plans["fd", 1.0]["window"] == HORIZON + 1
+    assert plans["dense", 1.0]["plan"] == "ssm" and plans["dense", 1.0]["horizon"] == HORIZON  # ETSC, warned past it
 
 
 def _assert_cache_matches_full_recompute(model, prompt, new_tokens, **kwargs):
@@ -268,7 +270,7 @@ def test_default_mode_is_exact_up_to_32x_the_conversion_length(mixer):
             logits, cache = _stepped_logits(model, ids, total - 8, "auto")
         full = model(input_ids=ids, use_cache=False).logits
         assert _relative_error(logits[:, -8:], full[:, -8:]) <= 1e-4
-    assert cache.layers[0].plan.capacity < total - 8  # 32x is past the window's span
+    assert cache.describe()[0]["window"] < total - 8  # 32x is past the window's span
 
 
 @pytest.mark.parametrize("mixer,mode", [("dense", "auto"), ("dense", "etsc"), ("fd", "etsc")])
