@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from .ops_dispatch import ConvolutionKernel, convolve
-from .ops_fft_sizes import fft_length, smooth_size  # noqa: F401  (re-exported for the mixers)
-from .runtime import as_dtype, compute_dtype, tracing  # noqa: F401
+from .runtime import as_dtype, compute_dtype, tracing
 
 if TYPE_CHECKING:
     from .ops_fused_gating import InputMap
