@@ -25,7 +25,8 @@ from modeling_tnn.recipes.pretraining import evaluation as lm_evaluation
 from modeling_tnn.recipes.pretraining import setup as lm_setup
 from modeling_tnn.recipes.pretraining import training as lm_training
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from tests.support import PROJECT_ROOT
+
 SCRIPTS = PROJECT_ROOT / "run_scripts"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tests.test_training import SCRIPTS, TINY, _free_port, assert_same_weights
+from tests.recipes.test_pretraining import SCRIPTS, TINY, _free_port, assert_same_weights
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import setup as lm_setup

@@ -12,8 +12,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from tests.test_device import assert_float32_token_mixing, assert_low_precision_projections_and_float32_ffts, observed_dtypes
-from tests.test_training import TINY
+from tests.models.test_device import assert_float32_token_mixing, assert_low_precision_projections_and_float32_ffts, observed_dtypes
+from tests.recipes.test_pretraining import TINY
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import setup as lm_setup
