@@ -67,8 +67,8 @@ def test_license_file_is_apache_2():
     text = (PROJECT_ROOT / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
     for clause in ("1. Definitions.", "2. Grant of Copyright License.", "3. Grant of Patent License.",
-                   "4. Redistribution.", "9. Accepting Warranty or Additional Liability.", "END OF TERMS AND CONDITIONS",
-                   "APPENDIX: How to apply the Apache License to your work."):
+                   "4. Redistribution.", "9. Accepting Warranty or Additional Liability.",
+                   "END OF TERMS AND CONDITIONS", "APPENDIX: How to apply the Apache License to your work."):
         assert clause in text, clause
 
 
