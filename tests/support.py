@@ -88,11 +88,33 @@ def save_with_tokenizer(model, tokenizer, folder: Path | str) -> str:
     return str(folder)
 
 
+# Rows of the padding tests: padded to 70, they cross a power of two (37 -> 70), and one row fills the batch.
+PADDED_ROW_LENGTHS = (37, 70, 12)
+
+
+def random_rows(vocab: int = 128, lengths: Iterable[int] = PADDED_ROW_LENGTHS) -> list[torch.Tensor]:
+    """One row of random token ids (never the pad id 0) per length."""
+    return [torch.randint(1, vocab, (n,)) for n in lengths]
+
+
 def padded_batch(rows: list[torch.Tensor], side: str, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``rows`` padded with ``pad_id`` on ``side`` ("left" or "right") to the longest, and the attention mask."""
     ids = pad_sequence(rows, batch_first=True, padding_value=pad_id, padding_side=side)
     mask = pad_sequence([torch.ones_like(row) for row in rows], batch_first=True, padding_side=side)
     return ids, mask
+
+
+def assert_padded_rows_equal_rows_alone(model, rows: list[torch.Tensor], side: str
+                                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's :func:`main_output` on ``rows`` padded on ``side`` (with the attention mask) equals, at each
+    row's real positions, its output on the row alone. Returns the padded ids and the batch's output."""
+    ids, mask = padded_batch(rows, side)
+    with torch.no_grad():
+        batch = main_output(model(input_ids=ids, attention_mask=mask))
+        for i, row in enumerate(rows):
+            alone = main_output(model(input_ids=row[None]))[0]
+            torch.testing.assert_close(batch[i][mask[i].bool()], alone, atol=1e-5, rtol=1e-5)
+    return ids, batch
 
 
 def data_dir() -> Path | None:

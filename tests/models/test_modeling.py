@@ -10,15 +10,8 @@ from transformers import AutoModelForCausalLM
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 from modeling_tnn.etsc_cache import TnnCache
 
-from tests.support import CAUSAL_MIXERS, MIXERS, main_output, padded_batch, tiny_config, with_mixers
-
-# Row lengths padded to 70: rows cross a power of two (37 -> 70) and a row fills the batch.
-LENGTHS = (37, 70, 12)
-
-
-def _random_rows(vocab):
-    return [torch.randint(1, vocab, (n,)) for n in LENGTHS]
-
+from tests.support import (CAUSAL_MIXERS, MIXERS, assert_padded_rows_equal_rows_alone, main_output, padded_batch,
+                           random_rows, tiny_config, with_mixers)
 
 @pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
 @pytest.mark.parametrize("cls", [TnnModel, TnnForCausalLM])
@@ -42,20 +35,13 @@ def test_causal_models_never_look_ahead(cls, mixer):
 ]))
 def test_padded_batch_equals_each_row_alone(cls, side, causal, mixer):
     model = cls(tiny_config(mixer, causal=causal)).eval()
-    rows = _random_rows(128)
-    ids, mask = padded_batch(rows, side)
-    with torch.no_grad():
-        batch = main_output(model(input_ids=ids, attention_mask=mask))
-        for i, row in enumerate(rows):
-            alone = main_output(model(input_ids=row[None]))[0]
-            real = mask[i].bool()
-            torch.testing.assert_close(batch[i][real], alone, atol=1e-5, rtol=1e-5)
+    assert_padded_rows_equal_rows_alone(model, random_rows(), side)
 
 
 @pytest.mark.parametrize("side, causal, mixer", with_mixers([("right", False), ("left", True), ("right", True)]))
 def test_sequence_classification_padding_is_exact(side, causal, mixer):
     model = TnnForSequenceClassification(tiny_config(mixer, causal=causal, num_labels=3)).eval()
-    rows = _random_rows(128)
+    rows = random_rows()
     ids, mask = padded_batch(rows, side)
     with torch.no_grad():
         batch = model(input_ids=ids, attention_mask=mask).logits
@@ -65,7 +51,7 @@ def test_sequence_classification_padding_is_exact(side, causal, mixer):
 
 def test_classification_mask_defaults_to_pad_token():
     model = TnnForSequenceClassification(tiny_config(num_labels=2)).eval()
-    ids, mask = padded_batch(_random_rows(128), "right")
+    ids, mask = padded_batch(random_rows(), "right")
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=ids, attention_mask=mask).logits)
 

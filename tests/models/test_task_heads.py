@@ -15,8 +15,8 @@ from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassif
 from modeling_tnn import TnnForMaskedLM, TnnForQuestionAnswering, TnnForTokenClassification
 
 from tests.remote_code import run_with_package_blocked
-from tests.support import (MIXERS, PROJECT_ROOT, answer_span, extract_answer, main_output, padded_batch,
-                           save_with_tokenizer, tiny_config, tiny_config_for, with_mixers)
+from tests.support import (MIXERS, PROJECT_ROOT, answer_span, assert_padded_rows_equal_rows_alone, extract_answer,
+                           main_output, random_rows, save_with_tokenizer, tiny_config, tiny_config_for, with_mixers)
 
 HEADS = (TnnForTokenClassification, TnnForQuestionAnswering)
 LABELS = {"id2label": {0: "O", 1: "B-KW", 2: "I-KW"}, "label2id": {"O": 0, "B-KW": 1, "I-KW": 2}}
@@ -49,19 +49,13 @@ def test_bidirectional_heads_see_both_sides_causal_ones_only_the_past(causal, mi
     assert torch.allclose(before, after, atol=1e-10, rtol=0) == causal
 
 
-# Right padding for bidirectional models, left padding for causal ones; lengths cross a power of two (37 -> 70).
+# Right padding for bidirectional models, left padding for causal ones.
 @pytest.mark.parametrize("cls", HEADS)
 @pytest.mark.parametrize("side, causal, mixer", with_mixers([("right", False), ("left", True)]))
 def test_padded_row_scores_equal_the_row_alone(cls, side, causal, mixer):
     model = _head(cls, mixer, causal=causal)
-    rows = [torch.randint(1, 128, (n,)) for n in (37, 70, 12)]
-    ids, mask = padded_batch(rows, side)
-    with torch.no_grad():
-        batch = main_output(model(input_ids=ids, attention_mask=mask))
-        for i, row in enumerate(rows):
-            alone = main_output(model(input_ids=row[None]))[0]
-            torch.testing.assert_close(batch[i][mask[i].bool()], alone, atol=1e-5, rtol=1e-5)
-        # without a mask, the pad token id marks the padding (as for sequence classification)
+    ids, batch = assert_padded_rows_equal_rows_alone(model, random_rows(), side)
+    with torch.no_grad():  # without a mask, the pad token id marks the padding (as for sequence classification)
         torch.testing.assert_close(main_output(model(input_ids=ids)), batch)
 
 
