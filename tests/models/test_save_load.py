@@ -86,11 +86,9 @@ REMOTE_SCRIPT = """
     out = {{}}
     for folder, classes in json.loads({jobs!r}).items():
         for name in classes:
-            model = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()
-            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            model = load_remote(name, folder)
             with torch.no_grad():
-                res = model(input_ids=ids)
-            out[folder + "|" + name] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+                out[folder + "|" + name] = main_output(model(input_ids=ids))
             if name == "AutoModelForCausalLM":  # generate with the ETSC cache from the remote code
                 out[folder + "|generate"] = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     torch.save(out, {result!r})

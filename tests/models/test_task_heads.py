@@ -209,19 +209,17 @@ REMOTE_SCRIPT = """
     scores, entities = {{}}, {{}}
     for job in json.loads({jobs!r}):
         folder = job["folder"]
-        model = getattr(transformers, job["auto"]).from_pretrained(folder, trust_remote_code=True).eval()
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        model = load_remote(job["auto"], folder)
         pair = transformers.AutoTokenizer.from_pretrained(folder)({question!r}, {context!r}, return_tensors="pt")
         with torch.no_grad():
             out, on_pair = model(input_ids=ids), model(**pair)
+        scores[folder] = main_output(out)
         if job["auto"] == "AutoModelForTokenClassification":
-            scores[folder] = out.logits
             tagger = transformers.pipeline("token-classification", model=folder, trust_remote_code=True,
                                            aggregation_strategy="simple")
             assert type(tagger.model).__module__.startswith("transformers_modules")
             entities[folder] = [(e["entity_group"], e["word"]) for e in tagger({context!r})]
         else:
-            scores[folder] = torch.stack([out.start_logits, out.end_logits], -1)
             scores[folder + "|pair"] = torch.stack([on_pair.start_logits[0], on_pair.end_logits[0]])
     torch.save(scores, {result!r})
     with open({entities_file!r}, "w") as f:

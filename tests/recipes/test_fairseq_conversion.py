@@ -247,8 +247,7 @@ REMOTE_SCRIPT = """
     ids = torch.load({ids!r})
     out = {{}}
     for name, folder in (("AutoModelForCausalLM", {lm!r}), ("AutoModelForMaskedLM", {blm!r})):
-        model = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        model = load_remote(name, folder)
         with torch.no_grad():
             out[name] = model(input_ids=ids, use_cache=False).logits
     torch.save(out, {result!r})

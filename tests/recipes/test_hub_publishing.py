@@ -314,16 +314,11 @@ REMOTE_SCRIPT = """
         tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=True)
         assert len(tokenizer) == config.vocab_size
         for name in job["classes"]:
-            model = getattr(transformers, name).from_pretrained(source, trust_remote_code=True).eval()
-            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            model = load_remote(name, source)
             with torch.no_grad():
-                res = model(input_ids=ids)
+                out[f"{{source}}|{{name}}"] = main_output(model(input_ids=ids))
                 backbone = model.model if hasattr(model, "model") else model
                 out[f"{{source}}|{{name}}|backbone"] = backbone(input_ids=ids).last_hidden_state
-            if hasattr(res, "start_logits"):  # question answering
-                out[f"{{source}}|{{name}}"] = torch.stack([res.start_logits, res.end_logits], -1)
-            else:
-                out[f"{{source}}|{{name}}"] = res.logits if hasattr(res, "logits") else res.last_hidden_state
         if job.get("snippet"):  # the card's usage snippet, verbatim
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
