@@ -5,11 +5,10 @@ training and generation benchmark sweep, and one JSON summary.
     python run_scripts/accelerator_check.py --output_dir results/accelerator_check_cuda        # --device cuda
     python run_scripts/accelerator_check.py --device cpu --quick --output_dir outputs/check    # the dry run
 
-1. Tests: ``tests/models/test_device.py`` (forward and gradients against float64 on CPU, cached decoding against the
-   no-cache forward, fp16/bf16 autocast: projections in low precision, FFTs in float32) and
-   ``tests/models/test_mixed_precision.py`` (``--mixed_precision bf16`` through the training setup), with
-   ``TNN_TEST_DEVICE=<device>``; for ``--device cpu`` no GPU is visible to them. Log: ``tests.log``, JUnit XML:
-   ``tests.xml``.
+1. Tests: ``tests/test_device.py`` (forward and gradients against float64 on CPU, cached decoding against the no-cache
+   forward, fp16/bf16 autocast: projections in low precision, FFTs in float32) and ``tests/test_mixed_precision.py``
+   (``--mixed_precision bf16`` through the training setup), with ``TNN_TEST_DEVICE=<device>``; for ``--device cpu``
+   no GPU is visible to them. Log: ``tests.log``, JUnit XML: ``tests.xml``.
 2. ``run_scripts/bench_training.py`` and ``run_scripts/bench_generation.py`` at reduced sizes (smaller still with
    ``--quick``), each writing its table, JSON and PNG under ``<output_dir>/<bench>/``. They time the CPU (they take
    no device flag); the summary says so.
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEVICE_TESTS = ("tests/models/test_device.py", "tests/models/test_mixed_precision.py")
+DEVICE_TESTS = ("tests/test_device.py", "tests/test_mixed_precision.py")
 SUMMARY_FILE = "accelerator_check.json"
 # Reduced sweeps: the flags each benchmark already has; --quick keeps the whole check under two minutes on 2 cores.
 BENCH_FLAGS = {
