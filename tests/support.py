@@ -43,6 +43,12 @@ def load_script(name: str):
     return module
 
 
+def script_main(name: str) -> Callable:
+    """The ``main`` of ``run_scripts/<name>.py``, run as a module rather than as ``__main__`` (no ``sys.path`` edit:
+    the scripts import only the package)."""
+    return runpy.run_path(str(SCRIPTS / f"{name}.py"))["main"]
+
+
 def mixers_for(causal: bool) -> tuple[str, ...]:
     """The token mixers a model of that direction can use."""
     return CAUSAL_MIXERS if causal else MIXERS
@@ -51,12 +57,6 @@ def mixers_for(causal: bool) -> tuple[str, ...]:
 def with_mixers(cases: Iterable[tuple], causal_at: int = -1) -> list[tuple]:
     """Each case once per token mixer its direction allows (``case[causal_at]`` is ``causal``), the mixer appended."""
     return [(*case, mixer) for case in cases for mixer in mixers_for(case[causal_at])]
-
-
-def script_main(name: str) -> Callable:
-    """The ``main`` of ``run_scripts/<name>.py``, run as a module rather than as ``__main__`` (no ``sys.path`` edit:
-    the scripts import only the package)."""
-    return runpy.run_path(str(SCRIPTS / f"{name}.py"))["main"]
 
 
 def tiny_config(token_mixer: str = "dense", **overrides):
