@@ -29,20 +29,6 @@ MIXERS = ("dense", "fd", "ski")
 CAUSAL_MIXERS = tuple(m for m in MIXERS if m != "ski")
 
 
-def load_script(name: str):
-    """A run_scripts/ module by path (the scripts are entry points, not a package); the folder is on ``sys.path``
-    while it loads, for the scripts that import a sibling."""
-    scripts = str(PROJECT_ROOT / "run_scripts")
-    spec = importlib.util.spec_from_file_location(name, PROJECT_ROOT / "run_scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, scripts)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(scripts)
-    return module
-
-
 def script_main(name: str) -> Callable:
     """The ``main`` of ``run_scripts/<name>.py``, run as a module rather than as ``__main__`` (no ``sys.path`` edit:
     the scripts import only the package)."""
@@ -268,3 +254,18 @@ def wait_for_logged_steps(process: subprocess.Popen, metrics: Path, steps: int, 
         if metrics.is_file() and len(metrics.read_text().splitlines()) >= steps:
             return
         time.sleep(0.05)
+
+
+# -- until the benchmark tests stop loading scripts by path (they move to script_main and the package) --------------
+def load_script(name: str):
+    """A run_scripts/ module by path (the scripts are entry points, not a package); the folder is on ``sys.path``
+    while it loads, for the scripts that import a sibling."""
+    scripts = str(PROJECT_ROOT / "run_scripts")
+    spec = importlib.util.spec_from_file_location(name, PROJECT_ROOT / "run_scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, scripts)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(scripts)
+    return module
