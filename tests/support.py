@@ -35,6 +35,13 @@ def script_main(name: str) -> Callable:
     return runpy.run_path(str(SCRIPTS / f"{name}.py"))["main"]
 
 
+def tiny_config(token_mixer: str = "dense", **overrides):
+    """The tiny preset in float32 with no dropout, so that outputs are deterministic."""
+    values = {"token_mixer": token_mixer, "dropout": 0.0, "pad_token_id": 0}
+    values.update(overrides)
+    return load_preset("tiny", **values)
+
+
 def mixers_for(causal: bool) -> tuple[str, ...]:
     """The token mixers a model of that direction can use."""
     return CAUSAL_MIXERS if causal else MIXERS
@@ -43,13 +50,6 @@ def mixers_for(causal: bool) -> tuple[str, ...]:
 def with_mixers(cases: Iterable[tuple], causal_at: int = -1) -> list[tuple]:
     """Each case once per token mixer its direction allows (``case[causal_at]`` is ``causal``), the mixer appended."""
     return [(*case, mixer) for case in cases for mixer in mixers_for(case[causal_at])]
-
-
-def tiny_config(token_mixer: str = "dense", **overrides):
-    """The tiny preset in float32 with no dropout, so that outputs are deterministic."""
-    values = {"token_mixer": token_mixer, "dropout": 0.0, "pad_token_id": 0}
-    values.update(overrides)
-    return load_preset("tiny", **values)
 
 
 def tiny_model(token_mixer: str = "dense", model_class: type | None = None, **overrides) -> torch.nn.Module:
