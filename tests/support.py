@@ -61,6 +61,16 @@ def tiny_model(token_mixer: str = "dense", model_class: type | None = None, **ov
     return model_class(tiny_config(token_mixer, eos_token_id=None, **overrides))
 
 
+def loss_and_grads(model: torch.nn.Module, ids: torch.Tensor, forward: Callable | None = None, **kwargs
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The language-modelling loss of ``forward`` (the model itself by default, or e.g. its compiled form) on ``ids``
+    as their own labels, and the gradients it leaves on ``model``'s parameters, by name."""
+    model.zero_grad(set_to_none=True)
+    loss = (model if forward is None else forward)(input_ids=ids, labels=ids, **kwargs).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 def tiny_config_for(tokenizer, token_mixer: str = "dense", **overrides):
     """:func:`tiny_config` sized for ``tokenizer``, with its pad, BOS and EOS ids."""
     return tiny_config(token_mixer, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,

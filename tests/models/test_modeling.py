@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 from modeling_tnn.etsc_cache import TnnCache
 
-from tests.support import (CAUSAL_MIXERS, MIXERS, assert_padded_rows_equal_rows_alone, main_output, padded_batch,
-                           random_rows, tiny_config, with_mixers)
+from tests.support import (CAUSAL_MIXERS, MIXERS, assert_padded_rows_equal_rows_alone, loss_and_grads, main_output,
+                           padded_batch, random_rows, tiny_config, with_mixers)
 
 @pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
 @pytest.mark.parametrize("cls", [TnnModel, TnnForCausalLM])
@@ -96,23 +96,17 @@ def test_activation_checkpointing_gives_same_loss_and_gradients(mixer):
     torch.manual_seed(0)
     model = TnnForMaskedLM(tiny_config(mixer, dropout=0.1)).train()
     ids = torch.randint(1, 128, (2, 24))
-
-    def loss_and_grads():
-        torch.manual_seed(1)
-        model.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-    loss_plain, grads_plain = loss_and_grads()
+    torch.manual_seed(1)  # the same dropout masks in both runs
+    loss_plain, grads_plain = loss_and_grads(model, ids)
     # activation_checkpointing_enable: transformers' name since 5.23 (gradient_checkpointing_enable is deprecated)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     assert model.is_activation_checkpointing and all(layer.gradient_checkpointing for layer in model.model.layers)
-    loss_ckpt, grads_ckpt = loss_and_grads()
+    torch.manual_seed(1)
+    loss_ckpt, grads_ckpt = loss_and_grads(model, ids)
     torch.testing.assert_close(loss_plain, loss_ckpt)
-    assert len(grads_plain) == len(grads_ckpt)
-    for a, b in zip(grads_plain, grads_ckpt):
-        torch.testing.assert_close(a, b)
+    assert grads_plain.keys() == grads_ckpt.keys()
+    for name, grad in grads_plain.items():
+        torch.testing.assert_close(grads_ckpt[name], grad, msg=name)
 
 
 @pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
