@@ -212,6 +212,7 @@ def test_repo_id_is_org_slash_name_as_the_hub_client_checks_it():
             hub_folder.validate_repo_id(invalid, flag="--hub_model_id")
         assert str(error.value) == f"--hub_model_id {invalid!r} is not a Hub model id of the form ORG/NAME."
 
+
 @pytest.mark.parametrize("name", list(REPOS))
 def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
     paths, _ = runs
