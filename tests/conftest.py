@@ -14,8 +14,8 @@ from .support import data_dir
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:
-    """Where tests/test_device.py runs its models: ``$TNN_TEST_DEVICE`` (run_scripts/accelerator_check.py sets it),
-    else cpu."""
+    """Where tests/models/test_device.py runs its models: ``$TNN_TEST_DEVICE`` (run_scripts/accelerator_check.py sets
+    it), else cpu."""
     return torch.device(os.environ.get("TNN_TEST_DEVICE", "cpu"))
 
 

@@ -15,7 +15,7 @@ from modeling_tnn import (TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswerin
                           TnnForTokenClassification, TnnModel)
 
 from tests.remote_code import run_with_package_blocked
-from tests.support import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, tiny_config
+from tests.support import PROJECT_ROOT, main_output, tiny_config, with_mixers
 
 AUTO_CLASSES = {
     "AutoModel": AutoModel,
@@ -26,7 +26,7 @@ AUTO_CLASSES = {
     "AutoModelForQuestionAnswering": AutoModelForQuestionAnswering,
 }
 # Auto classes that put a new task head on any saved backbone, causal or not (not loaded as remote code here:
-# tests/test_task_heads.py loads the per-token ones that way).
+# tests/models/test_task_heads.py loads the per-token ones that way).
 NEW_HEADS = {"AutoModelForSequenceClassification": TnnForSequenceClassification,
              "AutoModelForTokenClassification": TnnForTokenClassification,
              "AutoModelForQuestionAnswering": TnnForQuestionAnswering}
@@ -37,14 +37,8 @@ CASES = [
 ]
 
 
-def _main_output(out):
-    if hasattr(out, "start_logits"):
-        return torch.stack([out.start_logits, out.end_logits], dim=-1)
-    return out.logits if hasattr(out, "logits") else out.last_hidden_state
-
-
 # Every case once per token mixer that supports its direction (SKI is bidirectional only).
-CASES_BY_MIXER = [(*case, mixer) for case in CASES for mixer in (CAUSAL_MIXERS if case[1] else MIXERS)]
+CASES_BY_MIXER = with_mixers(CASES, causal_at=1)
 
 
 @pytest.mark.parametrize("cls, causal, fitting, contradicting, mixer", CASES_BY_MIXER)
@@ -66,11 +60,11 @@ def test_save_load_through_every_auto_class(tmp_path, cls, causal, fitting, cont
         with torch.no_grad():
             out = loaded(input_ids=ids)
         if isinstance(loaded, cls):
-            torch.testing.assert_close(_main_output(out), _main_output(reference), atol=0, rtol=0)
+            torch.testing.assert_close(main_output(out), main_output(reference), atol=0, rtol=0)
         elif isinstance(loaded, TnnModel):
             torch.testing.assert_close(out.last_hidden_state, backbone, atol=0, rtol=0)
         else:  # a new task head on the saved backbone
-            assert isinstance(loaded, NEW_HEADS[name]) and torch.isfinite(_main_output(out)).all()
+            assert isinstance(loaded, NEW_HEADS[name]) and torch.isfinite(main_output(out)).all()
             torch.testing.assert_close(loaded.model(input_ids=ids).last_hidden_state, backbone, atol=0, rtol=0)
     with pytest.raises(ValueError, match="causal"):
         AUTO_CLASSES[contradicting].from_pretrained(tmp_path)
@@ -92,11 +86,9 @@ REMOTE_SCRIPT = """
     out = {{}}
     for folder, classes in json.loads({jobs!r}).items():
         for name in classes:
-            model = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()
-            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            model = load_remote(name, folder)
             with torch.no_grad():
-                res = model(input_ids=ids)
-            out[folder + "|" + name] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+                out[folder + "|" + name] = main_output(model(input_ids=ids))
             if name == "AutoModelForCausalLM":  # generate with the ETSC cache from the remote code
                 out[folder + "|generate"] = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     torch.save(out, {result!r})
@@ -129,7 +121,7 @@ def test_remote_code_without_the_package(remote_code_run, cls, causal, fitting, 
     head_name = cls.__name__.replace("Tnn", "AutoModel")  # TnnForCausalLM -> AutoModelForCausalLM
     assert jobs[folder] == ["AutoModel", head_name]
     with torch.no_grad():
-        torch.testing.assert_close(out[f"{folder}|{head_name}"], _main_output(model(input_ids=ids)), atol=0, rtol=0)
+        torch.testing.assert_close(out[f"{folder}|{head_name}"], main_output(model(input_ids=ids)), atol=0, rtol=0)
         torch.testing.assert_close(out[f"{folder}|AutoModel"], model.model(input_ids=ids).last_hidden_state,
                                    atol=0, rtol=0)
     if cls is TnnForCausalLM:

@@ -10,13 +10,13 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification, pipeline
 
 from modeling_tnn import TnnForMaskedLM, TnnForQuestionAnswering, TnnForTokenClassification
 
 from tests.remote_code import run_with_package_blocked
-from tests.support import CAUSAL_MIXERS, MIXERS, PROJECT_ROOT, answer_span, extract_answer, head_scores, tiny_config
+from tests.support import (MIXERS, PROJECT_ROOT, answer_span, assert_padded_rows_equal_rows_alone, extract_answer,
+                           main_output, random_rows, save_with_tokenizer, tiny_config, tiny_config_for, with_mixers)
 
 HEADS = (TnnForTokenClassification, TnnForQuestionAnswering)
 LABELS = {"id2label": {0: "O", 1: "B-KW", 2: "I-KW"}, "label2id": {"O": 0, "B-KW": 1, "I-KW": 2}}
@@ -30,10 +30,6 @@ def _head(cls, mixer: str, **overrides):
     return cls(tiny_config(mixer, num_labels=3, **overrides)).eval()
 
 
-def _with_directions(mixers_by_causal: dict[bool, tuple[str, ...]]):
-    return [(causal, mixer) for causal, mixers in mixers_by_causal.items() for mixer in mixers]
-
-
 @pytest.mark.parametrize("cls", HEADS)
 def test_bidirectional_by_default_causal_allowed_causal_ski_refused(cls):
     assert _head(cls, "dense").config.causal is False
@@ -42,7 +38,7 @@ def test_bidirectional_by_default_causal_allowed_causal_ski_refused(cls):
         _head(cls, "ski", causal=True)
 
 
-@pytest.mark.parametrize("causal, mixer", _with_directions({False: MIXERS, True: CAUSAL_MIXERS}))
+@pytest.mark.parametrize("causal, mixer", with_mixers([(False,), (True,)]))
 def test_bidirectional_heads_see_both_sides_causal_ones_only_the_past(causal, mixer):
     model = _head(TnnForTokenClassification, mixer, causal=causal).double()
     ids = torch.randint(1, 128, (1, 30))
@@ -53,22 +49,14 @@ def test_bidirectional_heads_see_both_sides_causal_ones_only_the_past(causal, mi
     assert torch.allclose(before, after, atol=1e-10, rtol=0) == causal
 
 
-# Right padding for bidirectional models, left padding for causal ones; lengths cross a power of two (37 -> 70).
+# Right padding for bidirectional models, left padding for causal ones.
 @pytest.mark.parametrize("cls", HEADS)
-@pytest.mark.parametrize("side, causal, mixer", [("right", *case) for case in _with_directions({False: MIXERS})]
-                         + [("left", *case) for case in _with_directions({True: CAUSAL_MIXERS})])
+@pytest.mark.parametrize("side, causal, mixer", with_mixers([("right", False), ("left", True)]))
 def test_padded_row_scores_equal_the_row_alone(cls, side, causal, mixer):
     model = _head(cls, mixer, causal=causal)
-    rows = [torch.randint(1, 128, (n,)) for n in (37, 70, 12)]
-    ids = pad_sequence(rows, batch_first=True, padding_value=0, padding_side=side)
-    mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side=side)
-    with torch.no_grad():
-        batch = head_scores(model(input_ids=ids, attention_mask=mask))
-        for i, row in enumerate(rows):
-            alone = head_scores(model(input_ids=row[None]))[0]
-            torch.testing.assert_close(batch[i][mask[i].bool()], alone, atol=1e-5, rtol=1e-5)
-        # without a mask, the pad token id marks the padding (as for sequence classification)
-        torch.testing.assert_close(head_scores(model(input_ids=ids)), batch)
+    ids, batch = assert_padded_rows_equal_rows_alone(model, random_rows(), side)
+    with torch.no_grad():  # without a mask, the pad token id marks the padding (as for sequence classification)
+        torch.testing.assert_close(main_output(model(input_ids=ids)), batch)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -124,11 +112,6 @@ def test_auto_classes_load_the_heads_on_a_pretrained_backbone(tmp_path, mixer):
 # ---- trained on one example, then used through the tokenizer: the labels the loss sees are what inference reads
 
 
-def _config(tokenizer, mixer, **kwargs):
-    return tiny_config(mixer, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **kwargs)
-
-
 def _fit(model, batch, steps=60):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
@@ -148,7 +131,7 @@ def _keyword_tagger(tokenizer, mixer):
     labels[0, first] = 1
     labels[0, first + 1:last + 1] = 2
     torch.manual_seed(0)  # the same fit whichever test asks first
-    model = TnnForTokenClassification(_config(tokenizer, mixer, num_labels=3, **LABELS))
+    model = TnnForTokenClassification(tiny_config_for(tokenizer, mixer, num_labels=3, **LABELS))
     return _fit(model, {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "labels": labels})
 
 
@@ -159,7 +142,7 @@ def _answerer(tokenizer, mixer):
     start = enc.char_to_token(begin, sequence_index=1)
     end = enc.char_to_token(begin + len(ANSWER) - 1, sequence_index=1)
     torch.manual_seed(0)
-    model = TnnForQuestionAnswering(_config(tokenizer, mixer))
+    model = TnnForQuestionAnswering(tiny_config_for(tokenizer, mixer))
     return _fit(model, {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask,
                         "start_positions": torch.tensor([start]), "end_positions": torch.tensor([end])})
 
@@ -179,9 +162,8 @@ def fitted(tokenizer):
 
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_token_classification_pipeline_on_a_saved_folder(tmp_path, tokenizer, fitted, mixer):
-    fitted(TnnForTokenClassification, mixer).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    tagger = pipeline("token-classification", model=str(tmp_path), trust_remote_code=True,
+    folder = save_with_tokenizer(fitted(TnnForTokenClassification, mixer), tokenizer, tmp_path)
+    tagger = pipeline("token-classification", model=folder, trust_remote_code=True,
                       aggregation_strategy="simple")
     alone = tagger(CONTEXT)
     assert [(e["entity_group"], e["word"].strip()) for e in alone] == [("KW", KEYWORD)]
@@ -193,23 +175,25 @@ def test_token_classification_pipeline_on_a_saved_folder(tmp_path, tokenizer, fi
 
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_question_answering_on_a_saved_folder(tmp_path, tokenizer, fitted, mixer):
-    fitted(TnnForQuestionAnswering, mixer).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
+    save_with_tokenizer(fitted(TnnForQuestionAnswering, mixer), tokenizer, tmp_path)
     model = AutoModelForQuestionAnswering.from_pretrained(tmp_path, trust_remote_code=True).eval()
     assert extract_answer(model, tokenizer, QUESTION, CONTEXT).strip() == ANSWER
 
 
 def test_readme_recipe_tags_and_answers(tmp_path, monkeypatch, tokenizer, fitted):
-    """The README's token-classification and question-answering snippet, run as written on fitted folders."""
+    """The README's token-classification and question-answering recipe (its imports, then everything from the
+    tagger on) run as written on folders that hold heads fitted to its example, so that its entities and answer can
+    be checked; the snippet's own lines that make the folders, if any, are left out (tests/packaging runs the whole
+    snippet)."""
     readme = (PROJECT_ROOT / "README.md").read_text()
     section = readme[readme.index("### Token classification and question answering"):]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    imports, recipe = snippet.split("\n\n")[0], snippet[snippet.index("tagger = pipeline("):]
     for name, cls in (("my-tnn-ner", TnnForTokenClassification), ("my-tnn-qa", TnnForQuestionAnswering)):
-        fitted(cls, "dense").save_pretrained(tmp_path / name)
-        tokenizer.save_pretrained(tmp_path / name)
+        save_with_tokenizer(fitted(cls, "dense"), tokenizer, tmp_path / name)
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    exec(snippet, namespace)
+    exec(imports + "\n" + recipe, namespace)
     assert namespace["context"] == CONTEXT and namespace["question"] == QUESTION
     assert [(e["entity_group"], e["word"].strip()) for e in namespace["entities"]] == [("KW", KEYWORD)]
     assert namespace["answer"].strip() == ANSWER
@@ -218,10 +202,9 @@ def test_readme_recipe_tags_and_answers(tmp_path, monkeypatch, tokenizer, fitted
 def test_question_answering_pipeline_is_gone_from_this_transformers(tmp_path, tokenizer):
     """transformers 5.3 removed ``pipeline("question-answering")``: the README shows the tokenizer + model recipe
     instead (``extract_answer``). If a version brings the pipeline back, this fails: then test the pipeline."""
-    TnnForQuestionAnswering(_config(tokenizer, "dense")).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
+    folder = save_with_tokenizer(TnnForQuestionAnswering(tiny_config_for(tokenizer)), tokenizer, tmp_path)
     with pytest.raises(KeyError, match="question-answering has been removed"):
-        pipeline("question-answering", model=str(tmp_path), trust_remote_code=True)
+        pipeline("question-answering", model=folder, trust_remote_code=True)
 
 
 REMOTE_SCRIPT = """
@@ -230,19 +213,17 @@ REMOTE_SCRIPT = """
     scores, entities = {{}}, {{}}
     for job in json.loads({jobs!r}):
         folder = job["folder"]
-        model = getattr(transformers, job["auto"]).from_pretrained(folder, trust_remote_code=True).eval()
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        model = load_remote(job["auto"], folder)
         pair = transformers.AutoTokenizer.from_pretrained(folder)({question!r}, {context!r}, return_tensors="pt")
         with torch.no_grad():
             out, on_pair = model(input_ids=ids), model(**pair)
+        scores[folder] = main_output(out)
         if job["auto"] == "AutoModelForTokenClassification":
-            scores[folder] = out.logits
             tagger = transformers.pipeline("token-classification", model=folder, trust_remote_code=True,
                                            aggregation_strategy="simple")
             assert type(tagger.model).__module__.startswith("transformers_modules")
             entities[folder] = [(e["entity_group"], e["word"]) for e in tagger({context!r})]
         else:
-            scores[folder] = torch.stack([out.start_logits, out.end_logits], -1)
             scores[folder + "|pair"] = torch.stack([on_pair.start_logits[0], on_pair.end_logits[0]])
     torch.save(scores, {result!r})
     with open({entities_file!r}, "w") as f:
@@ -250,8 +231,7 @@ REMOTE_SCRIPT = """
 """
 
 # (head, causal, mixer) of the folders loaded as remote code: the fitted heads, and untrained causal ones.
-REMOTE_CASES = [(cls, causal, mixer) for cls in HEADS
-                for causal, mixer in _with_directions({False: MIXERS, True: CAUSAL_MIXERS[:1]})]
+REMOTE_CASES = [(cls, *case) for cls in HEADS for case in [*with_mixers([(False,)]), (True, "dense")]]
 
 
 @pytest.fixture(scope="module")
@@ -265,11 +245,10 @@ def remote_code_run(tmp_path_factory, tokenizer, fitted):
     for i, (cls, causal, mixer) in enumerate(REMOTE_CASES):
         folder = str(root / f"head{i}")
         if causal:
-            model = cls(_config(tokenizer, mixer, causal=True, num_labels=3, **LABELS)).eval()
+            model = cls(tiny_config_for(tokenizer, mixer, causal=True, num_labels=3, **LABELS)).eval()
         else:
             model = fitted(cls, mixer)
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        save_with_tokenizer(model, tokenizer, folder)
         models[(cls, causal, mixer)] = (folder, model)
         jobs.append({"folder": folder, "auto": cls._auto_class})
     script = REMOTE_SCRIPT.format(ids=str(root / "ids.pt"), jobs=json.dumps(jobs), question=QUESTION,
@@ -285,7 +264,7 @@ def test_remote_code_without_the_package(remote_code_run, tokenizer, cls, causal
     ids, models, scores, entities = remote_code_run
     folder, model = models[(cls, causal, mixer)]
     with torch.no_grad():
-        torch.testing.assert_close(scores[folder], head_scores(model(input_ids=ids)), atol=0, rtol=0)
+        torch.testing.assert_close(scores[folder], main_output(model(input_ids=ids)), atol=0, rtol=0)
     if causal:
         return  # untrained: the scores are what is compared
     if cls is TnnForTokenClassification:

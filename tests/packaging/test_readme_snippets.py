@@ -10,7 +10,7 @@ import pytest
 
 from modeling_tnn import TnnForCausalLM, TnnForQuestionAnswering, TnnForTokenClassification
 
-from tests.support import PROJECT_ROOT, tiny_config
+from tests.support import PROJECT_ROOT, save_with_tokenizer, tiny_config_for
 
 SNIPPETS = re.findall(r"```python\n(.*?)```", (PROJECT_ROOT / "README.md").read_text(), re.S)
 
@@ -26,12 +26,9 @@ def snippet_kind(snippet: str) -> str:
 
 @pytest.fixture
 def readme_folders(tmp_path, monkeypatch, tokenizer):
-    config = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                  eos_token_id=tokenizer.eos_token_id)
     for folder, cls in (("outputs/demo", TnnForCausalLM), ("my-tnn-ner", TnnForTokenClassification),
                         ("my-tnn-qa", TnnForQuestionAnswering)):
-        cls(tiny_config(**config)).save_pretrained(tmp_path / folder)
-        tokenizer.save_pretrained(tmp_path / folder)
+        save_with_tokenizer(cls(tiny_config_for(tokenizer)), tokenizer, tmp_path / folder)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

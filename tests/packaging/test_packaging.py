@@ -17,7 +17,6 @@ from modeling_tnn.recipes.common.extras import TRAIN_MODULES
 # Distribution name -> import name, where they differ.
 IMPORT_NAMES = {"scikit-learn": "sklearn", "huggingface-hub": "huggingface_hub"}
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-DOC_PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 
 
 def _pyproject() -> dict:
@@ -68,8 +67,8 @@ def test_license_file_is_apache_2():
     text = (PROJECT_ROOT / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
     for clause in ("1. Definitions.", "2. Grant of Copyright License.", "3. Grant of Patent License.",
-                   "4. Redistribution.", "9. Accepting Warranty or Additional Liability.", "END OF TERMS AND CONDITIONS",
-                   "APPENDIX: How to apply the Apache License to your work."):
+                   "4. Redistribution.", "9. Accepting Warranty or Additional Liability.",
+                   "END OF TERMS AND CONDITIONS", "APPENDIX: How to apply the Apache License to your work."):
         assert clause in text, clause
 
 
@@ -88,36 +87,3 @@ def test_make_install_takes_torch_from_the_cpu_index_by_default():
     assert "--extra-index-url https://download.pytorch.org/whl/cu128" in line and CPU_INDEX not in line
     (line,) = _dry_run_install("TORCH_INDEX_URL=")  # empty: pip's configured indexes alone
     assert "--extra-index-url" not in line and "--retries" not in line
-
-
-def test_readme_install_steps():
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    assert "source .venv/bin/activate" in readme  # without it `python run_scripts/...` finds no torch
-    assert f"pip install torch --index-url {CPU_INDEX}" in readme and "pip install -e ." in readme
-    assert "TORCH_INDEX_URL" in readme
-    # The light install and the one the recipes need.
-    assert "pip install modeling-tnn" in readme and 'pip install "modeling-tnn[train]"' in readme
-
-
-def test_data_dir_is_exported_before_a_page_reads_it():
-    texts = {page.relative_to(PROJECT_ROOT): page.read_text() for page in DOC_PAGES}
-    readers = {page: text for page, text in texts.items() if "$TNN_DATA_DIR" in text}
-    assert readers  # the GLUE commands read it
-    late = [str(page) for page, text in readers.items() if "export TNN_DATA_DIR=" not in text[:text.index("$TNN_DATA_DIR")]]
-    assert not late, f"$TNN_DATA_DIR read before it is exported in {late}"
-
-
-def test_small_preset_states_its_parameter_count():
-    """The `small` preset's description and the presets table of docs/models.md give its causal-LM size with its own
-    vocabulary."""
-    import json
-
-    from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, load_preset
-
-    causal = sum(p.numel() for p in TnnForCausalLM(load_preset("small")).parameters() if p.requires_grad)
-    masked = sum(p.numel() for p in TnnForMaskedLM(load_preset("small")).parameters() if p.requires_grad)
-    description = json.loads((PROJECT_ROOT / "configuration" / "small.json").read_text())["_description"]
-    assert f"{causal:,} parameters as a causal LM" in description
-    presets_table = (PROJECT_ROOT / "docs" / "models.md").read_text()
-    row = next(line for line in presets_table.splitlines() if line.startswith("| `small` |"))
-    assert f"{causal:,} (causal LM" in row and f"{masked:,} as a masked LM" in row

@@ -1,20 +1,16 @@
 """The Accelerate pretraining scripts (run_scripts/train_clm.py, train_mlm.py over modeling_tnn.recipes): input errors
-before training, short runs, exact resume, atomic checkpoints, 2-process DDP launches (accelerate and torchrun)."""
+before training, short runs, exact resume, atomic checkpoints, the progress log."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from modeling_tnn.recipes.hub import folder as hub_folder
 from modeling_tnn.recipes.hub import upload as hub_upload
@@ -25,42 +21,15 @@ from modeling_tnn.recipes.pretraining import evaluation as lm_evaluation
 from modeling_tnn.recipes.pretraining import setup as lm_setup
 from modeling_tnn.recipes.pretraining import training as lm_training
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = PROJECT_ROOT / "run_scripts"
-
-
-# Tiny everything: the tiny preset, 16-token blocks, a 300-token BPE, no trackers.
-TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
-        "--max_eval_samples", "8", "--per_device_eval_batch_size", "8"]
+from tests.support import TINY_PRETRAINING as TINY
+from tests.support import assert_same_weights, weights, write_text_pair
+from tests.support import run_pretraining as run
 
 
 @pytest.fixture(scope="module")
 def text_files(tmp_path_factory) -> tuple[Path, Path]:
-    """A small local train/validation pair of text files (from the embedded corpus)."""
-    from modeling_tnn.recipes.pretraining.corpus import embedded_corpus
-
-    docs = embedded_corpus()
-    folder = tmp_path_factory.mktemp("text")
-    train, valid = folder / "train.txt", folder / "valid.txt"
     # Small on purpose: a few dozen 16-token blocks, so that a handful of steps crosses epoch boundaries.
-    train.write_text("\n\n".join(docs[:10])[:4000])
-    valid.write_text("\n\n".join(docs[10:20])[:2000])
-    return train, valid
-
-
-def run(task: str, argv: list[str]):
-    return lm_training.run(lm_arguments.parse_args(task, argv), task)
-
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(folder / "model.safetensors"))
-
-
-def assert_same_weights(a: Path, b: Path, atol: float = 1e-6) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        torch.testing.assert_close(wa[key], wb[key], rtol=0, atol=atol, msg=f"{key} differs")
+    return write_text_pair(tmp_path_factory.mktemp("text"), 4000, 2000)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -261,42 +230,6 @@ def test_crash_mid_checkpoint_leaves_no_valid_checkpoint(tmp_path, text_files, m
     monkeypatch.setattr(Accelerator, "save_state", original)
     run("clm", argv + ["--overwrite_output_dir"])  # a new run there replaces the leftover, completes the checkpoint
     assert checkpoints.is_valid_checkpoint(tmp_path / "step_2") and not partial.exists()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Distributed
-# ----------------------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
-def test_two_cpu_processes_are_ddp(tmp_path, launcher):
-    """Both launch paths the README documents: `accelerate launch --cpu --num_processes 2` (which accelerate runs
-    as one process; cpu_launch starts the second) and `torchrun --nproc_per_node 2` (cpu_launch stands aside)."""
-    command = Path(sys.executable).parent / launcher
-    if not command.exists():
-        pytest.skip(f"the {launcher} command is not installed beside this Python")
-    common = TINY + ["--max_train_steps", "4", "--checkpointing_steps", "4"]
-    port = str(_free_port())
-    launch = ([str(command), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-               "no", "--dynamo_backend", "no", "--main_process_port", port] if launcher == "accelerate" else
-              [str(command), "--nproc_per_node", "2", "--master_port", port])
-    argv = [*launch, str(SCRIPTS / "train_clm.py"), *common, "--per_device_train_batch_size", "2",
-            "--output_dir", str(tmp_path / "ddp")]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert ("started one process: starting 2" in done.stderr) == (launcher == "accelerate")
-    results = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
-    assert results["num_processes"] == 2
-    assert (tmp_path / "ddp" / "step_4" / "random_states_1.pkl").is_file()  # each rank saved its RNG state
-    # DDP averages the two ranks' gradients: the same updates as one process with the two batches side by side.
-    run("clm", common + ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "single")])
-    assert_same_weights(tmp_path / "ddp", tmp_path / "single", atol=1e-5)
 
 
 def test_progress_lines_are_logged_at_info(tmp_path, caplog):

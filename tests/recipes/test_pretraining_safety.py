@@ -11,13 +11,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from tests.support import PROJECT_ROOT
-from tests.remote_code import run_with_package_blocked
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import checkpoints
@@ -29,33 +26,26 @@ from modeling_tnn.recipes.pretraining import stop_signals
 from modeling_tnn.recipes.pretraining import tracking
 from modeling_tnn.recipes.pretraining import training as lm_training
 
-SCRIPTS = PROJECT_ROOT / "run_scripts"
-TINY = ["--config_name", "tiny", "--block_size", "16", "--vocab_size", "300", "--report_to", "none",
-        "--max_eval_samples", "4", "--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "4"]
+from tests.remote_code import run_with_package_blocked
+from tests.support import SCRIPTS, TINY_PRETRAINING, run_pretraining, wait_for_logged_steps, write_text_pair
+
+TINY = TINY_PRETRAINING + ["--max_eval_samples", "4", "--per_device_train_batch_size", "4"]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> list[str]:
     """--train_file/--validation_file flags of a small local text pair (a few dozen 16-token blocks)."""
-    from modeling_tnn.recipes.pretraining.corpus import embedded_corpus
-
-    docs = embedded_corpus()
-    folder = tmp_path_factory.mktemp("text")
-    (folder / "train.txt").write_text("\n\n".join(docs[:10])[:3000])
-    (folder / "valid.txt").write_text("\n\n".join(docs[10:20])[:1500])
-    return ["--train_file", str(folder / "train.txt"), "--validation_file", str(folder / "valid.txt")]
+    train, valid = write_text_pair(tmp_path_factory.mktemp("text"), 3000, 1500)
+    return ["--train_file", str(train), "--validation_file", str(valid)]
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, data) -> Path:
     """A finished 2-step run with checkpoints step_1 and step_2 (dense, batch 4)."""
     out = tmp_path_factory.mktemp("runs") / "dense"
-    run(TINY + data + ["--output_dir", str(out), "--max_train_steps", "2", "--checkpointing_steps", "1"])
+    run_pretraining("clm", TINY + data + ["--output_dir", str(out), "--max_train_steps", "2",
+                                          "--checkpointing_steps", "1"])
     return out
-
-
-def run(argv: list[str], task: str = "clm"):
-    return lm_training.run(lm_arguments.parse_args(task, argv), task)
 
 
 def setup(argv: list[str], task: str = "clm"):
@@ -89,7 +79,8 @@ def test_output_dir_holding_a_run_is_refused_unless_overwritten(tmp_path, finish
         setup(TINY + data + ["--output_dir", str(out), "--overwrite_output_dir", "--resume_from_checkpoint", "latest"])
 
     # --overwrite_output_dir: the old run's checkpoints and results go, so `latest` can only find the new run's
-    run(TINY + data + ["--output_dir", str(out), "--max_train_steps", "1", "--overwrite_output_dir"])
+    run_pretraining("clm", TINY + data + ["--output_dir", str(out), "--max_train_steps", "1",
+                                          "--overwrite_output_dir"])
     assert not (out / "step_1").exists() and not (out / "step_2").exists()
     assert json.loads((out / checkpoints.RESULTS_FILE).read_text())["train_steps"] == 1
     assert [json.loads(x)["step"] for x in (out / checkpoints.METRICS_FILE).read_text().splitlines()] == [1, 1]
@@ -124,8 +115,8 @@ def test_resume_refuses_a_checkpoint_of_another_run_naming_every_field(tmp_path,
         assert fragment in line
 
     # the same flags resume (the tokenizer comes from the checkpoint)
-    outcome = run(TINY + data + ["--output_dir", str(tmp_path / "same"), "--resume_from_checkpoint", str(step),
-                                 "--max_train_steps", "2"])
+    outcome = run_pretraining("clm", TINY + data + ["--output_dir", str(tmp_path / "same"),
+                                                    "--resume_from_checkpoint", str(step), "--max_train_steps", "2"])
     assert outcome.results["train_steps"] == 2
 
 
@@ -149,12 +140,7 @@ def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
         process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=stdout, stderr=stderr)
         try:
-            deadline = time.time() + 120
-            while time.time() < deadline and process.poll() is None:  # wait for the second logged step
-                metrics = out / checkpoints.METRICS_FILE
-                if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
-                    break
-                time.sleep(0.05)
+            wait_for_logged_steps(process, out / checkpoints.METRICS_FILE, steps=2, timeout=120)
             assert process.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
             process.send_signal(signal.SIGINT)
             code = process.wait(timeout=60)
@@ -175,8 +161,9 @@ def test_sigint_writes_a_checkpoint_and_the_run_resumes_from_it(tmp_path, data):
     assert json.loads((checkpoint / checkpoints.TRAINER_STATE).read_text())["completed_steps"] == step
 
     # resuming (with the flag the message gave) continues from that step
-    outcome = run(TINY + data + ["--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint),
-                                 "--max_train_steps", str(step + 2), "--logging_steps", "1"])
+    outcome = run_pretraining("clm", TINY + data + ["--output_dir", str(out), "--resume_from_checkpoint",
+                                                    str(checkpoint), "--max_train_steps", str(step + 2),
+                                                    "--logging_steps", "1"])
     assert outcome.results["train_steps"] == step + 2
     logged = [json.loads(x)["step"] for x in (out / checkpoints.METRICS_FILE).read_text().splitlines()
               if "train_loss" in json.loads(x)]
@@ -199,7 +186,7 @@ def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
     out = tmp_path / "run"
     argv = TINY + data + ["--output_dir", str(out), "--max_train_steps", "50", "--checkpointing_steps", "20"]
     with pytest.raises(stop_signals.TrainingInterrupted) as stop:
-        run(argv)
+        run_pretraining("clm", argv)
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is restored
     assert (stop.value.signal_name, stop.value.step, stop.value.exit_code) == ("SIGTERM", 3, 143)
     assert stop.value.checkpoint == out / "step_3" and checkpoints.is_valid_checkpoint(out / "step_3")
@@ -207,8 +194,8 @@ def test_sigterm_checkpoints_the_current_step(tmp_path, data, monkeypatch):
 
     # a checkpoint of the last step resumes straight to the final save (no extra step)
     monkeypatch.setattr(lm_evaluation.InputBuilder, "__call__", original)
-    outcome = run(TINY + data + ["--output_dir", str(out), "--resume_from_checkpoint", "latest",
-                                 "--max_train_steps", "3", "--checkpointing_steps", "20"])
+    outcome = run_pretraining("clm", TINY + data + ["--output_dir", str(out), "--resume_from_checkpoint", "latest",
+                                                    "--max_train_steps", "3", "--checkpointing_steps", "20"])
     assert outcome.results["train_steps"] == 3 and (out / "model.safetensors").is_file()
 
 
@@ -243,8 +230,8 @@ def test_every_process_agrees_on_the_signal_that_stops_them():
 def test_checkpoints_total_limit_keeps_the_newest(tmp_path, data, caplog):
     out = tmp_path / "run"
     with caplog.at_level(logging.WARNING):
-        run(TINY + data + ["--output_dir", str(out), "--max_train_steps", "5", "--checkpointing_steps", "1",
-                           "--checkpoints_total_limit", "2"])
+        run_pretraining("clm", TINY + data + ["--output_dir", str(out), "--max_train_steps", "5",
+                                              "--checkpointing_steps", "1", "--checkpoints_total_limit", "2"])
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["step_4", "step_5"]  # no .tmp- leftovers
     assert checkpoints.find_latest_checkpoint(out) == out / "step_5"
     assert "Removed shared tensor" not in caplog.text

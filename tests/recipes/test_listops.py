@@ -37,7 +37,7 @@ from modeling_tnn.recipes.listops.training import (
     summarize_runs,
 )
 
-from tests.support import load_script
+from tests.support import script_main
 
 
 # -- evaluator ---------------------------------------------------------------------------------------------------------
@@ -97,9 +97,8 @@ def test_default_rows_follow_lra_lengths_and_are_deterministic():
 
 def test_make_listops_script_writes_checked_files(tmp_path):
     out = tmp_path / "listops"
-    load_script("make_listops").main(["--output_dir", str(out), "--num_train", "12", "--num_val", "4",
-                                      "--num_test", "4", "--min_length", "10", "--max_length", "60",
-                                      "--no_progress"])
+    script_main("make_listops")(["--output_dir", str(out), "--num_train", "12", "--num_val", "4",
+                                 "--num_test", "4", "--min_length", "10", "--max_length", "60", "--no_progress"])
     first = {split: split_file(out, split).read_text() for split in ("train", "val", "test")}
     assert all(text.startswith("\t".join(HEADER) + "\n") for text in first.values())
     assert [len(read_tsv(split_file(out, s))) for s in ("train", "val", "test")] == [12, 4, 4]
@@ -169,7 +168,7 @@ def test_training_script_smoke(tmp_path, model):
     data = tmp_path / "data"
     make_listops(data, 16, 4, 4, seed=0, min_length=10, max_length=60, progress=False)
     out = tmp_path / model
-    results = load_script("train_listops").main([
+    results = script_main("train_listops")([
         "--data_dir", str(data), "--model", model, "--output_dir", str(out), "--max_steps", "2",
         "--per_device_train_batch_size", "4", "--eval_steps", "1", "--logging_steps", "1", "--save_strategy", "no",
         "--report_to", "none", "--disable_tqdm", "true"])

@@ -1,5 +1,7 @@
-"""FSDP2 in the pretraining scripts (``--fsdp``) on 2 CPU processes over gloo: the same weights as DDP with the same
-batches, sharded checkpoints that resume exactly, one unsharded ``model.safetensors`` at the end."""
+"""The pretraining scripts on 2 CPU processes over gloo: DDP through both launchers (accelerate and torchrun) gives
+one process's updates on the two batches side by side; FSDP2 (``--fsdp``) gives DDP's weights, sharded checkpoints
+that resume exactly and one unsharded ``model.safetensors`` at the end; a preempted rank checkpoints; and the GLUE
+Trainer's ``--fsdp`` on CPU says it runs DDP."""
 
 from __future__ import annotations
 
@@ -7,18 +9,20 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tests.test_training import SCRIPTS, TINY, _free_port, assert_same_weights
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import setup as lm_setup
 from modeling_tnn.recipes.pretraining.sharding import SHARDED_STATE_FOLDER, refuse_ignored_deepspeed
+
+from tests.support import SCRIPTS, assert_same_weights, run_pretraining, wait_for_logged_steps
+from tests.support import TINY_PRETRAINING as TINY
 
 FSDP_LINE = "FSDP2: fully_shard (gloo) on 2 ranks"
 # 4 optimizer steps of 2 micro-batches per rank, clipped, with warmup and weight decay: every part of the loop that
@@ -28,13 +32,50 @@ COMMON = TINY + ["--max_train_steps", "4", "--checkpointing_steps", "2", "--per_
                  "--weight_decay", "0.1", "--eval_steps", "2"]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(*flags: str, script: str = "train_clm.py") -> list[str]:
+    """``torchrun --nproc_per_node 2`` of ``run_scripts/<script>`` on a free port."""
+    return [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
+            str(_free_port()), str(SCRIPTS / script), *flags]
+
+
 def torchrun(folder: Path, *flags: str, script: str = "train_clm.py") -> subprocess.CompletedProcess:
-    command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), str(SCRIPTS / script), *flags]
-    done = subprocess.run(command, cwd=folder, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(torchrun_command(*flags, script=script), cwd=folder,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_two_cpu_processes_are_ddp(tmp_path, launcher):
+    """Both launch paths the README documents: `accelerate launch --cpu --num_processes 2` (which accelerate runs
+    as one process; cpu_launch starts the second) and `torchrun --nproc_per_node 2` (cpu_launch stands aside)."""
+    command = Path(sys.executable).parent / launcher
+    if not command.exists():
+        pytest.skip(f"the {launcher} command is not installed beside this Python")
+    common = TINY + ["--max_train_steps", "4", "--checkpointing_steps", "4"]
+    port = str(_free_port())
+    launch = ([str(command), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+               "no", "--dynamo_backend", "no", "--main_process_port", port] if launcher == "accelerate" else
+              [str(command), "--nproc_per_node", "2", "--master_port", port])
+    argv = [*launch, str(SCRIPTS / "train_clm.py"), *common, "--per_device_train_batch_size", "2",
+            "--output_dir", str(tmp_path / "ddp")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("started one process: starting 2" in done.stderr) == (launcher == "accelerate")
+    results = json.loads((tmp_path / "ddp" / "all_results.json").read_text())
+    assert results["num_processes"] == 2
+    assert (tmp_path / "ddp" / "step_4" / "random_states_1.pkl").is_file()  # each rank saved its RNG state
+    # DDP averages the two ranks' gradients: the same updates as one process with the two batches side by side.
+    run_pretraining("clm", common + ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "single")])
+    assert_same_weights(tmp_path / "ddp", tmp_path / "single", atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -140,19 +181,13 @@ def test_sigterm_to_one_rank_checkpoints_the_sharded_state(tmp_path):
     if not Path("/proc/self/task").is_dir():
         pytest.skip("needs Linux /proc to find the worker processes")
     out = tmp_path / "run"
-    command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), str(SCRIPTS / "train_clm.py"), *TINY, "--fsdp", "--max_train_steps", "100000",
-               "--logging_steps", "1", "--per_device_train_batch_size", "2", "--output_dir", str(out)]
+    command = torchrun_command(*TINY, "--fsdp", "--max_train_steps", "100000", "--logging_steps", "1",
+                               "--per_device_train_batch_size", "2", "--output_dir", str(out))
     env = dict(os.environ, OMP_NUM_THREADS="1", TQDM_DISABLE="1")
     with open(tmp_path / "stderr", "w") as stderr:
         launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            deadline = time.time() + 180
-            while time.time() < deadline and launcher.poll() is None:  # wait for the second logged step
-                metrics = out / "metrics.jsonl"
-                if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
-                    break
-                time.sleep(0.05)
+            wait_for_logged_steps(launcher, out / "metrics.jsonl", steps=2, timeout=180)
             worker = _worker_with_rank(launcher, 1)
             assert launcher.poll() is None and worker, (tmp_path / "stderr").read_text()[-2000:]
             os.kill(worker, signal.SIGTERM)

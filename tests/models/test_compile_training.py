@@ -8,17 +8,7 @@ import torch
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
 
-from tests.support import tiny_config
-
-
-def _loss_and_grads(model, ids, run=None):
-    """Loss and gradients of ``model``'s parameters, the forward run by ``run`` (the model itself, or compiled)."""
-    model.zero_grad(set_to_none=True)
-    run = model if run is None else run
-    kwargs = dict(use_cache=False) if isinstance(model, TnnForCausalLM) else {}
-    loss = run(input_ids=ids, labels=ids, **kwargs).loss
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+from tests.support import loss_and_grads, tiny_config
 
 
 @pytest.mark.parametrize("cls, mixer", [(TnnForCausalLM, "dense"), (TnnForCausalLM, "fd"), (TnnForMaskedLM, "ski")])
@@ -28,8 +18,9 @@ def test_compiled_training_step_equals_eager(cls, mixer, mixer_path):
     torch._dynamo.reset()
     model = cls(tiny_config(mixer)).train()
     ids = torch.randint(1, model.config.vocab_size, (2, 19))
-    loss, grads = _loss_and_grads(model, ids)
-    compiled_loss, compiled_grads = _loss_and_grads(model, ids, torch.compile(model, backend="aot_eager"))
+    kwargs = {"use_cache": False} if isinstance(model, TnnForCausalLM) else {}
+    loss, grads = loss_and_grads(model, ids, **kwargs)
+    compiled_loss, compiled_grads = loss_and_grads(model, ids, torch.compile(model, backend="aot_eager"), **kwargs)
     torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-6)
     assert compiled_grads.keys() == grads.keys()
     for name, grad in grads.items():

@@ -18,7 +18,7 @@ from modeling_tnn import TnnForCausalLM
 from modeling_tnn.recipes.fairseq.checkpoint import build_config
 from modeling_tnn.recipes.fairseq.conversion import convert_fairseq_checkpoint
 
-from tests.support import load_script
+from tests.support import script_main
 from tests.remote_code import run_with_package_blocked
 
 WORDS = [f"w{i}" for i in range(20)]  # dict.txt lines: ids 4..23 (24 rows; 25 with the masked LM's <mask>)
@@ -247,8 +247,7 @@ REMOTE_SCRIPT = """
     ids = torch.load({ids!r})
     out = {{}}
     for name, folder in (("AutoModelForCausalLM", {lm!r}), ("AutoModelForMaskedLM", {blm!r})):
-        model = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        model = load_remote(name, folder)
         with torch.no_grad():
             out[name] = model(input_ids=ids, use_cache=False).logits
     torch.save(out, {result!r})
@@ -447,11 +446,11 @@ def test_a_checkpoint_needing_more_than_namespace_needs_trust(tmp_path):
 
 
 def test_command_line_entry_point(tmp_path, capsys):
-    script = load_script("convert_fairseq_checkpoint")
+    main = script_main("convert_fairseq_checkpoint")
     ckpt = save_checkpoint(tmp_path / "ckpt.pt", lm_state(), args=lm_args())
-    script.main(["--checkpoint_path", str(ckpt), "--pytorch_dump_folder_path", str(tmp_path / "hf")])
+    main(["--checkpoint_path", str(ckpt), "--pytorch_dump_folder_path", str(tmp_path / "hf")])
     assert "Converted" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:  # the folder is now in use
-        script.main(["--checkpoint_path", str(ckpt), "--pytorch_dump_folder_path", str(tmp_path / "hf")])
+        main(["--checkpoint_path", str(ckpt), "--pytorch_dump_folder_path", str(tmp_path / "hf")])
     assert exit_info.value.code == 2
     assert "convert_fairseq_checkpoint.py: error:" in capsys.readouterr().err

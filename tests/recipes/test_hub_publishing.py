@@ -18,7 +18,7 @@ from unittest import mock
 
 import pytest
 import torch
-from tests.support import PROJECT_ROOT, extract_answer, head_scores, tiny_config
+from tests.support import PROJECT_ROOT, extract_answer, main_output, save_with_tokenizer, tiny_config_for
 from huggingface_hub import HfApi, ModelCard
 from transformers import pipeline
 from tests.remote_code import run_with_package_blocked
@@ -85,14 +85,12 @@ def runs(tmp_path_factory, tokenizer):
     """Three tiny training outputs laid out as the training scripts write them: a causal LM (train_clm.py, dense
     mixer), a masked LM (train_mlm.py, FD mixer) and a GLUE RTE classifier (finetune_glue.py, SKI mixer)."""
     root = tmp_path_factory.mktemp("runs")
-    special = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-               "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
     torch.manual_seed(0)
-    models = {"clm": TnnForCausalLM(tiny_config("dense", **special)),
-              "mlm": TnnForMaskedLM(tiny_config("fd", **special)),
-              "rte": TnnForSequenceClassification(tiny_config("ski", num_labels=2, **special)),
-              "ner": TnnForTokenClassification(tiny_config("dense", num_labels=3, **special)),
-              "qa": TnnForQuestionAnswering(tiny_config("fd", **special))}
+    models = {"clm": TnnForCausalLM(tiny_config_for(tokenizer, "dense")),
+              "mlm": TnnForMaskedLM(tiny_config_for(tokenizer, "fd")),
+              "rte": TnnForSequenceClassification(tiny_config_for(tokenizer, "ski", num_labels=2)),
+              "ner": TnnForTokenClassification(tiny_config_for(tokenizer, "dense", num_labels=3)),
+              "qa": TnnForQuestionAnswering(tiny_config_for(tokenizer, "fd"))}
     models["ner"].config.id2label = {0: "O", 1: "B-KW", 2: "I-KW"}
     models["ner"].config.label2id = {"O": 0, "B-KW": 1, "I-KW": 2}
     with torch.no_grad():  # every token a B-KW: the card's snippet then prints entities
@@ -102,10 +100,8 @@ def runs(tmp_path_factory, tokenizer):
                                                                     {"entailment": 0, "not_entailment": 1})
     paths = {}
     for name, model in models.items():
-        run = root / name
-        model.eval().save_pretrained(run)
-        tokenizer.save_pretrained(run)
-        paths[name] = run
+        paths[name] = root / name
+        save_with_tokenizer(model.eval(), tokenizer, paths[name])
 
     clm, mlm, rte = paths["clm"], paths["mlm"], paths["rte"]
     _write_json(clm / "all_results.json", {
@@ -216,6 +212,7 @@ def test_repo_id_is_org_slash_name_as_the_hub_client_checks_it():
             hub_folder.validate_repo_id(invalid, flag="--hub_model_id")
         assert str(error.value) == f"--hub_model_id {invalid!r} is not a Hub model id of the form ORG/NAME."
 
+
 @pytest.mark.parametrize("name", list(REPOS))
 def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
     paths, _ = runs
@@ -318,16 +315,11 @@ REMOTE_SCRIPT = """
         tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=True)
         assert len(tokenizer) == config.vocab_size
         for name in job["classes"]:
-            model = getattr(transformers, name).from_pretrained(source, trust_remote_code=True).eval()
-            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            model = load_remote(name, source)
             with torch.no_grad():
-                res = model(input_ids=ids)
+                out[f"{{source}}|{{name}}"] = main_output(model(input_ids=ids))
                 backbone = model.model if hasattr(model, "model") else model
                 out[f"{{source}}|{{name}}|backbone"] = backbone(input_ids=ids).last_hidden_state
-            if hasattr(res, "start_logits"):  # question answering
-                out[f"{{source}}|{{name}}"] = torch.stack([res.start_logits, res.end_logits], -1)
-            else:
-                out[f"{{source}}|{{name}}"] = res.logits if hasattr(res, "logits") else res.last_hidden_state
         if job.get("snippet"):  # the card's usage snippet, verbatim
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
@@ -384,7 +376,7 @@ def test_published_folder_loads_as_remote_code_offline_by_path_and_repo_id(runs,
     torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
     try:
         with torch.no_grad():
-            reference = head_scores(model(input_ids=ids))
+            reference = main_output(model(input_ids=ids))
             backbone = model.model(input_ids=ids).last_hidden_state
     finally:
         torch.set_num_threads(threads)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.support import tiny_config
 from transformers import EvalPrediction
 
 from modeling_tnn import TnnForMaskedLM
@@ -21,6 +20,8 @@ from modeling_tnn.recipes.glue import metrics as glue_metrics
 from modeling_tnn.recipes.glue import suite as glue_suite
 from modeling_tnn.recipes.glue import tasks as glue_tasks
 from modeling_tnn.recipes.hub import upload as hub_upload
+
+from tests.support import save_with_tokenizer, tiny_config
 
 # ----------------------------------------------------------------------------------------------------------------
 # Small tsv files in the official GLUE layout, written by hand (independently of the task table in glue/tasks.py).
@@ -268,8 +269,8 @@ COMMON = ["--do_train", "--do_eval", "--save_strategy", "no", "--disable_tqdm", 
 def tiny_mlm_checkpoint(tmp_path, tokenizer):
     """A tiny (untrained) masked-LM TNN saved with a tokenizer, as train_mlm.py would leave it."""
     folder = tmp_path / "mlm"
-    TnnForMaskedLM(tiny_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_with_tokenizer(TnnForMaskedLM(tiny_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)),
+                        tokenizer, folder)
     return folder
 
 

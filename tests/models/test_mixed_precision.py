@@ -12,21 +12,20 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from tests.test_device import assert_float32_token_mixing, assert_low_precision_projections_and_float32_ffts, observed_dtypes
-from tests.test_training import TINY
 
 from modeling_tnn.recipes.pretraining import arguments as lm_arguments
 from modeling_tnn.recipes.pretraining import setup as lm_setup
-from modeling_tnn.recipes.pretraining import training as lm_training
 from modeling_tnn.recipes.pretraining.sharding import _autocast_forward
 
-from tests.support import tiny_config
+from tests.support import (TINY_PRETRAINING, assert_float32_token_mixing,
+                           assert_low_precision_projections_and_float32_ffts, observed_dtypes, run_pretraining,
+                           tiny_config)
 
 
 @pytest.mark.parametrize("mixer", ["dense", "fd"])
 def test_bf16_flag_runs_projections_in_bf16_and_ffts_in_float32(tmp_path, mixer, mixer_path):
-    args = lm_arguments.parse_args("clm", TINY + ["--mixed_precision", "bf16", "--config_overrides",
-                                                  f"token_mixer={mixer}", "--output_dir", str(tmp_path)])
+    args = lm_arguments.parse_args("clm", TINY_PRETRAINING + ["--mixed_precision", "bf16", "--config_overrides",
+                                                              f"token_mixer={mixer}", "--output_dir", str(tmp_path)])
     session = lm_setup.setup(args, "clm")
     batch = next(iter(session.train_dataloader))
     # No autocast of our own: what runs in bf16 is what the prepared model's forward does.
@@ -39,11 +38,11 @@ def test_bf16_flag_runs_projections_in_bf16_and_ffts_in_float32(tmp_path, mixer,
 
 @pytest.mark.slow
 def test_bf16_run_ends_within_a_few_percent_of_float32(tmp_path):
-    common = TINY + ["--max_train_steps", "30", "--learning_rate", "3e-3", "--per_device_train_batch_size", "4"]
+    common = TINY_PRETRAINING + ["--max_train_steps", "30", "--learning_rate", "3e-3",
+                                 "--per_device_train_batch_size", "4"]
     results = {}
     for precision in ("no", "bf16"):
-        lm_training.run(lm_arguments.parse_args("clm", common + ["--mixed_precision", precision, "--output_dir",
-                                                                 str(tmp_path / precision)]), "clm")
+        run_pretraining("clm", common + ["--mixed_precision", precision, "--output_dir", str(tmp_path / precision)])
         results[precision] = json.loads((tmp_path / precision / "all_results.json").read_text())
     assert results["bf16"]["eval_loss"] == pytest.approx(results["no"]["eval_loss"], rel=0.03)
     assert results["bf16"]["train_loss"] == pytest.approx(results["no"]["train_loss"], rel=0.03)

@@ -10,31 +10,8 @@ from transformers import AutoModelForCausalLM
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, TnnModel
 from modeling_tnn.decoding_cache import TnnCache
 
-from tests.support import CAUSAL_MIXERS, MIXERS, tiny_config
-
-# Row lengths padded to 70: rows cross a power of two (37 -> 70) and a row fills the batch.
-LENGTHS = (37, 70, 12)
-
-
-def _outputs(model, input_ids, attention_mask=None):
-    out = model(input_ids=input_ids, attention_mask=attention_mask)
-    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
-
-
-def _padded_batch(rows, side, pad_id=0):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
-        ids[i, span] = row
-        mask[i, span] = 1
-    return ids, mask
-
-
-def _random_rows(vocab):
-    return [torch.randint(1, vocab, (n,)) for n in LENGTHS]
-
+from tests.support import (CAUSAL_MIXERS, MIXERS, assert_padded_rows_equal_rows_alone, loss_and_grads, main_output,
+                           padded_batch, random_rows, tiny_config, with_mixers)
 
 @pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
 @pytest.mark.parametrize("cls", [TnnModel, TnnForCausalLM])
@@ -45,17 +22,12 @@ def test_causal_models_never_look_ahead(cls, mixer):
     p = 23
     changed[:, p + 1:] = torch.randint(1, 128, (2, 40 - p - 1))
     with torch.no_grad():
-        a, b = _outputs(model, ids), _outputs(model, changed)
+        a, b = main_output(model(input_ids=ids)), main_output(model(input_ids=changed))
     torch.testing.assert_close(a[:, : p + 1], b[:, : p + 1], atol=1e-10, rtol=0)
     assert not torch.allclose(a[:, p + 1:], b[:, p + 1:])
 
 
-def _with_mixers(cases):
-    """Each case once per token mixer that supports its direction (its last element is ``causal``)."""
-    return [(*case, mixer) for case in cases for mixer in (CAUSAL_MIXERS if case[-1] else MIXERS)]
-
-
-@pytest.mark.parametrize("cls, side, causal, mixer", _with_mixers([
+@pytest.mark.parametrize("cls, side, causal, mixer", with_mixers([
     (TnnModel, "left", True),
     (TnnModel, "right", False),
     (TnnForCausalLM, "left", True),
@@ -63,21 +35,14 @@ def _with_mixers(cases):
 ]))
 def test_padded_batch_equals_each_row_alone(cls, side, causal, mixer):
     model = cls(tiny_config(mixer, causal=causal)).eval()
-    rows = _random_rows(128)
-    ids, mask = _padded_batch(rows, side)
-    with torch.no_grad():
-        batch = _outputs(model, ids, mask)
-        for i, row in enumerate(rows):
-            alone = _outputs(model, row[None])[0]
-            real = mask[i].bool()
-            torch.testing.assert_close(batch[i][real], alone, atol=1e-5, rtol=1e-5)
+    assert_padded_rows_equal_rows_alone(model, random_rows(), side)
 
 
-@pytest.mark.parametrize("side, causal, mixer", _with_mixers([("right", False), ("left", True), ("right", True)]))
+@pytest.mark.parametrize("side, causal, mixer", with_mixers([("right", False), ("left", True), ("right", True)]))
 def test_sequence_classification_padding_is_exact(side, causal, mixer):
     model = TnnForSequenceClassification(tiny_config(mixer, causal=causal, num_labels=3)).eval()
-    rows = _random_rows(128)
-    ids, mask = _padded_batch(rows, side)
+    rows = random_rows()
+    ids, mask = padded_batch(rows, side)
     with torch.no_grad():
         batch = model(input_ids=ids, attention_mask=mask).logits
         alone = torch.cat([model(input_ids=row[None]).logits for row in rows])
@@ -86,7 +51,7 @@ def test_sequence_classification_padding_is_exact(side, causal, mixer):
 
 def test_classification_mask_defaults_to_pad_token():
     model = TnnForSequenceClassification(tiny_config(num_labels=2)).eval()
-    ids, mask = _padded_batch(_random_rows(128), "right")
+    ids, mask = padded_batch(random_rows(), "right")
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=ids, attention_mask=mask).logits)
 
@@ -131,23 +96,17 @@ def test_activation_checkpointing_gives_same_loss_and_gradients(mixer):
     torch.manual_seed(0)
     model = TnnForMaskedLM(tiny_config(mixer, dropout=0.1)).train()
     ids = torch.randint(1, 128, (2, 24))
-
-    def loss_and_grads():
-        torch.manual_seed(1)
-        model.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-    loss_plain, grads_plain = loss_and_grads()
+    torch.manual_seed(1)  # the same dropout masks in both runs
+    loss_plain, grads_plain = loss_and_grads(model, ids)
     # activation_checkpointing_enable: transformers' name since 5.23 (gradient_checkpointing_enable is deprecated)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     assert model.is_activation_checkpointing and all(layer.gradient_checkpointing for layer in model.model.layers)
-    loss_ckpt, grads_ckpt = loss_and_grads()
+    torch.manual_seed(1)
+    loss_ckpt, grads_ckpt = loss_and_grads(model, ids)
     torch.testing.assert_close(loss_plain, loss_ckpt)
-    assert len(grads_plain) == len(grads_ckpt)
-    for a, b in zip(grads_plain, grads_ckpt):
-        torch.testing.assert_close(a, b)
+    assert grads_plain.keys() == grads_ckpt.keys()
+    for name, grad in grads_plain.items():
+        torch.testing.assert_close(grads_ckpt[name], grad, msg=name)
 
 
 @pytest.mark.parametrize("mixer", CAUSAL_MIXERS)
