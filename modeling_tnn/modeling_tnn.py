@@ -328,9 +328,11 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
     _causal_default = True
     _causal_allowed = (True,)
-    # The forward compiles without graph breaks, and so does a decode step whose cache's state keeps its shapes
-    # (TnnCache.is_compileable; tests/test_export.py); ETSC's window-to-SSM conversion breaks the graph.
-    _can_compile_fullgraph = True
+    # False: transformers reads this flag as "generate's default DynamicCache and cache_implementation='static' (a
+    # StaticCache) work and compile", and a TNN decodes with its own TnnCache, neither of those. What compiles is a
+    # decode step on a TnnCache whose state keeps its shapes (TnnCache.is_compileable; docs/generation.md,
+    # tests/test_export.py): generate(..., cache=TnnCache(config), compile_config=...).
+    _can_compile_fullgraph = False
 
     def __init__(self, config: TnnConfig):
         super().__init__(config)
