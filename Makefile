@@ -12,13 +12,25 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_PIP_FLAGS = $(if $(strip $(TORCH_INDEX_URL)),--extra-index-url $(TORCH_INDEX_URL) --retries 1)
 
-.PHONY: install demo test test-fast glue clean
+# The oldest transformers the pin admits (pyproject.toml): `make test-oldest` runs the fast suite on it in a venv of
+# its own, while `make install` takes the newest the pin admits.
+OLDEST_TRANSFORMERS ?= 5.23.0
+OLDEST_VENV := .venv-oldest
+
+.PHONY: install demo test test-fast test-oldest glue clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
 	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+$(OLDEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[dev]" "transformers==$(OLDEST_TRANSFORMERS)"
 	touch $@
 
 install: $(VENV)/.installed
@@ -36,8 +48,12 @@ test: install  ## the test suite
 test-fast: install  ## the test suite without the tests marked slow (subprocesses, Trainer runs, signals)
 	$(PY) -m pytest -q -m "not slow"
 
+test-oldest: $(OLDEST_VENV)/.installed  ## the fast suite on the oldest supported transformers, in its own venv
+	$(OLDEST_VENV)/bin/python -c "import transformers; assert transformers.__version__ == '$(OLDEST_TRANSFORMERS)', transformers.__version__"
+	$(OLDEST_VENV)/bin/python -m pytest -q -m "not slow"
+
 glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), finetune both on every local GLUE task
 	$(PY) run_scripts/glue_recipe.py --results_dir results/glue
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) build *.egg-info
