@@ -69,7 +69,9 @@ class TnnModelTester:
         self.num_choices = num_choices
         self.type_sequence_label_size = type_sequence_label_size
         self.is_training = True
-        self.pad_token_id = vocab_size - 1
+        # Padding id 0: test_load_with_mismatched_shapes reloads with vocab_size=10, and the embedding's padding row
+        # must lie inside the vocabulary.
+        self.pad_token_id = 0
         self.bos_token_id = vocab_size - 1
         self.eos_token_id = vocab_size - 1
 
@@ -88,6 +90,10 @@ class TnnModelTester:
             ski_rank=4,
             ski_kernel_size=3,
             etsc_length=16,
+            # Dense decodes with the exact window of its kernel's float32 support here, not "auto"'s compact state:
+            # "auto" fits each layer's modal tail at the first cached forward of a fresh model (seconds on a CPU),
+            # and the mixins build hundreds of fresh models. The compact state has its own tests (tests/decoding).
+            generation_cache="exact" if self.token_mixer == "dense" else "auto",
             dropout=0.1,
             num_labels=self.num_labels,
             pad_token_id=self.pad_token_id,
@@ -101,9 +107,9 @@ class TnnModelTester:
         return config
 
     def prepare_config_and_inputs(self):
-        # Token ids below pad_token_id: a padding id inside the sequence would be read as padding by the encoder
-        # heads (they take `input_ids != pad_token_id` as their mask when no attention_mask is given).
-        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size - 1)
+        # Token ids from 1: a padding id inside the sequence would be read as padding by the encoder heads (they take
+        # `input_ids != pad_token_id` as their mask when no attention_mask is given, and inputs_embeds has no ids).
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size - 1) + 1
         attention_mask = torch.ones_like(input_ids)
         return self.get_config(), input_ids, attention_mask
 
