@@ -11,6 +11,7 @@ skipped, saying so.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -95,7 +96,7 @@ def test_summary_counts_reads_pytest_s_closing_line():
 @pytest.mark.timeout(3600)
 def test_transformers_model_tests_pass_over_every_tnn_class(transformers_tests_dir, tmp_path):
     for module in ("parameterized", "xdist", "httpx"):  # what the tree imports (the dev extra installs them)
-        assert __import__("importlib").util.find_spec(module), f"{module} is missing: pip install -e \".[dev]\""
+        assert importlib.util.find_spec(module), f"{module} is missing: pip install -e \".[dev]\""
     root = tmp_path / "transformers_tests"
     model_tests = lay_out_tree(transformers_tests_dir, root)
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
@@ -106,6 +107,13 @@ def test_transformers_model_tests_pass_over_every_tnn_class(transformers_tests_d
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     output = result.stdout + result.stderr
     counts = summary_counts(output)
+    mismatch = re.search(r"ImportError: cannot import name '(\w+)' from '(transformers[\w.]*)'", output)
+    if mismatch and not counts.get("passed") and not counts.get("failed"):  # the module could not even be imported
+        # The tree is another release's (CI's shared tree is 5.24's; `make test` installs the newest the pin admits):
+        # its mixins import helpers this transformers does not have. `make test-mixins` runs them on the tree's own.
+        pytest.skip(f"the test tree at {transformers_tests_dir} is not transformers {transformers.__version__}'s: it "
+                    f"imports {mismatch.group(1)} from {mismatch.group(2)}, which this version lacks; run it with its "
+                    "own transformers (make test-mixins)")
     failures = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
     assert counts, output[-5000:]
     assert counts.get("failed", 0) == 0 and counts.get("error", 0) == 0 and counts.get("subtests failed", 0) == 0, \
