@@ -207,13 +207,14 @@ class TnnPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _can_compile_fullgraph = False
     _is_stateful = True  # recurrent decoding state: transformers refuses assisted generation, as for Mamba
-    # (default causal value, allowed causal values) of each class: config.causal=None becomes the default, in place.
+    # (default causal value, allowed causal values) of each class: config.causal=None becomes the default on the
+    # model's own copy of the config (the caller's stays as it was, so it can build every other head too).
     _causal_default: bool = True
     _causal_allowed: tuple[bool, ...] = (True, False)
 
     def __init__(self, config: TnnConfig, *inputs, **kwargs):
-        config.resolve_causal(self._causal_default, self._causal_allowed, type(self).__name__)
-        super().__init__(config, *inputs, **kwargs)
+        super().__init__(config.resolved_for(self._causal_default, self._causal_allowed, type(self).__name__),
+                         *inputs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -253,6 +254,7 @@ class TnnModel(TnnPreTrainedModel):
 
     def __init__(self, config: TnnConfig):
         super().__init__(config)
+        config = self.config  # the resolved copy: the mixers are causal or not as the model is
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         if config.embedding_layer_norm:  # absent otherwise: the state dict of today's models is unchanged
@@ -339,9 +341,11 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
     _causal_default = True
     _causal_allowed = (True,)
-    # The forward compiles without graph breaks, and so does a decode step whose cache's state keeps its shapes
-    # (TnnCache.is_compileable; tests/test_export.py); ETSC's window-to-SSM conversion breaks the graph.
-    _can_compile_fullgraph = True
+    # False: transformers reads this flag as "generate's default DynamicCache and cache_implementation='static' (a
+    # StaticCache) work and compile", and a TNN decodes with its own TnnCache, neither of those. What compiles is a
+    # decode step on a TnnCache whose state keeps its shapes (TnnCache.is_compileable; docs/generation.md,
+    # tests/test_export.py): generate(..., cache=TnnCache(config), compile_config=...).
+    _can_compile_fullgraph = False
 
     def __init__(self, config: TnnConfig):
         super().__init__(config)
