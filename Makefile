@@ -12,13 +12,38 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_PIP_FLAGS = $(if $(strip $(TORCH_INDEX_URL)),--extra-index-url $(TORCH_INDEX_URL) --retries 1)
 
-.PHONY: install demo test test-fast glue bench clean
+# The oldest transformers the pin admits (pyproject.toml): `make test-oldest` runs the fast suite on it in a venv of
+# its own, while `make install` takes the newest the pin admits.
+OLDEST_TRANSFORMERS ?= 5.23.0
+OLDEST_VENV := .venv-oldest
+
+# transformers' own model tests run against the release their test tree comes from (CI's ../shared/hf-tests is
+# 5.24.0's): `make test-mixins` installs that release in a venv of its own (on another release the test skips, saying so).
+MIXINS_TRANSFORMERS ?= 5.24.0
+MIXINS_VENV := .venv-mixins
+TRANSFORMERS_TESTS_DIR ?= ../shared/hf-tests
+
+.PHONY: install demo test test-fast test-oldest test-mixins glue bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
 	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+$(MIXINS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(MIXINS_VENV)
+	$(MIXINS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MIXINS_VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
+	$(MIXINS_VENV)/bin/python -m pip install --quiet -e ".[dev]" "transformers==$(MIXINS_TRANSFORMERS)"
+	touch $@
+
+$(OLDEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[dev]" "transformers==$(OLDEST_TRANSFORMERS)"
 	touch $@
 
 install: $(VENV)/.installed
@@ -36,6 +61,14 @@ test: install  ## the test suite
 test-fast: install  ## the test suite without the tests marked slow (subprocesses, Trainer runs, signals)
 	$(PY) -m pytest -q -m "not slow"
 
+test-mixins: $(MIXINS_VENV)/.installed  ## transformers' own model tests over every TNN class (RUN_SLOW=1: their slow ones too)
+	TRANSFORMERS_TESTS_DIR="$(abspath $(TRANSFORMERS_TESTS_DIR))" $(MIXINS_VENV)/bin/python -m pytest -q \
+		tests/models/test_transformers_mixins.py
+
+test-oldest: $(OLDEST_VENV)/.installed  ## the fast suite on the oldest supported transformers, in its own venv
+	$(OLDEST_VENV)/bin/python -c "import transformers; assert transformers.__version__ == '$(OLDEST_TRANSFORMERS)', transformers.__version__"
+	$(OLDEST_VENV)/bin/python -m pytest -q -m "not slow"
+
 glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), finetune both on every local GLUE task
 	$(PY) run_scripts/glue_recipe.py --results_dir results/glue
 
@@ -43,4 +76,4 @@ bench: install  ## every results/bench_* folder regenerated (about 20 minutes on
 	$(PY) run_scripts/bench_all.py --results_root results
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) $(MIXINS_VENV) build *.egg-info

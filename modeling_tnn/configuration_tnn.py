@@ -2,8 +2,8 @@
 
 # No `from __future__ import annotations`: @strict type-checks the fields from their annotations, and skips string ones.
 import contextlib
+import copy
 import contextvars
-import dataclasses
 import functools
 import math
 import types
@@ -113,8 +113,8 @@ class TnnConfig(PreTrainedConfig):
         token_mixer: ``"dense"`` (TNN, FFT Toeplitz product), ``"fd"`` (RPE in the frequency domain) or
             ``"ski"`` (band convolution + structured kernel interpolation; bidirectional only).
         causal: ``None`` lets the model class decide (causal for ``TnnModel``/``TnnForCausalLM``, bidirectional for
-            masked LM and the encoder heads). The model sets the resolved value on the config it is given
-            (``model.config is config``), and that value is what gets saved.
+            masked LM and the encoder heads). The model holds a copy with the resolved value (``model.config.causal``,
+            what gets saved) and leaves the caller's config as it was, so one config builds every head.
         ski_rank: Number of SKI inducing points (at least 2).
         ski_kernel_size: Odd width of SKI's centred band convolution.
         fd_kernel_length: FD samples its RPE on the rfft grid of FFT size ``2 * fd_kernel_length``, so its kernel
@@ -243,8 +243,9 @@ class TnnConfig(PreTrainedConfig):
         """:meth:`PreTrainedConfig.from_dict`, with the keyword overrides that are fields (``from_pretrained(folder,
         decay_gamma=...)``) passed to the constructor with the file's values, so that they are validated with them
         (transformers would assign them one at a time after ``__init__``)."""
-        names = {field.name for field in dataclasses.fields(cls)}
-        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
+        # TnnConfig's own fields only: the base class's keywords (``dtype="auto"``, ``num_labels``, ...) keep the
+        # handling transformers gives them (``dtype="auto"`` is not a torch dtype, so it never reaches ``__init__``).
+        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in TnnConfig.__annotations__}
         return super().from_dict({**config_dict, **overrides}, **kwargs)
 
     def update(self, config_dict: dict[str, Any]) -> None:
@@ -258,21 +259,27 @@ class TnnConfig(PreTrainedConfig):
         with self._all_or_nothing():
             super().update_from_string(update_str)
 
-    def resolve_causal(self, default: bool, allowed: tuple[bool, ...], head: str) -> None:
-        """Set ``causal`` to the model class's ``default`` when it is ``None``, in place: the model holds this very
-        config (``model.config is config``) and saves the resolved direction.
+    def resolved_for(self, default: bool, allowed: tuple[bool, ...], head: str) -> "TnnConfig":
+        """The config a model of class ``head`` runs on: this very config when ``causal`` is set, else a copy with
+        ``causal`` set to the class's ``default``. The caller's config is never changed, so one config with
+        ``causal=None`` builds every head in turn, while ``model.config.causal`` (saved with the model) tells the
+        direction the model runs in.
 
         Raises ``ValueError`` when an explicit ``causal`` contradicts the head (for example a masked LM with
-        ``causal=True``) and, through the assignment's validation, when the model would be causal SKI.
+        ``causal=True``) and, through the copy's validation, when the model would be causal SKI.
         """
         causal = default if self.causal is None else self.causal
         if causal not in allowed:
             allowed_text = " or ".join(str(value) for value in allowed)
             raise ValueError(
                 f"TnnConfig.causal={causal} contradicts {head}, which needs causal={allowed_text} (or causal=None to "
-                "let the class decide; a model sets it on the config it is built from)."
+                "let the class decide)."
             )
-        self.causal = causal
+        if self.causal is not None:
+            return self
+        resolved = copy.deepcopy(self)
+        resolved.causal = causal
+        return resolved
 
     # -- derived sizes ---------------------------------------------------------------------------------------------
     @property

@@ -22,10 +22,12 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_tnn import TnnConfig
-from .etsc_cache import TnnCache, mix_with_cache
+from .decoding_cache import TnnCache, mix_with_cache
 from .input_validation import validate_model_inputs
 from .mixer_base import TokenMixer
+from .ops_fused_gating import SiluMask, fuses_gating, silu_gate, silu_mask
 from .rpe import SimpleRMSNorm
+from .runtime import as_dtype, compute_dtype
 from .tno_dense import DenseTno
 from .tno_fd import FdTno
 from .tno_ski import SkiTno
@@ -72,11 +74,22 @@ class Gtu(nn.Module):
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None) -> torch.Tensor:
         u_pre, v_pre = self.uv_proj(x).chunk(2, dim=-1)
-        mix = None
-        if cache is not None:  # decoding: the recurrent state mixes the gated, masked input
-            def mix(v: torch.Tensor) -> torch.Tensor:
-                return mix_with_cache(self.token_mixer, v, attention_mask, cache.layers[self.layer_idx], cache)
-        return self.o_proj(self.token_mixer.gated_mix(u_pre, v_pre, attention_mask, mix))
+        return self.o_proj(self.gate(u_pre, v_pre, attention_mask, cache))
+
+    def gate(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             cache: TnnCache | None = None) -> torch.Tensor:
+        """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``: through the fused ops where
+        ops_fused_gating.fuses_gating says so, else the plain composition; the same values either way."""
+        lean = cache is None and fuses_gating(u_pre, v_pre, self.token_mixer.recompute_spectra)
+        if lean and v_pre.dtype == compute_dtype(v_pre.dtype):  # silu * mask inside the mixer's operator
+            mixed = self.token_mixer(v_pre, attention_mask, SiluMask(attention_mask))
+        elif cache is not None:  # decoding: the recurrent state mixes the gated, masked input
+            mixed = mix_with_cache(self.token_mixer, silu_mask(v_pre, attention_mask), attention_mask,
+                                   cache.layers[self.layer_idx], cache)
+        else:
+            mixed = self.token_mixer(silu_mask(v_pre, attention_mask), attention_mask)
+        mixed = as_dtype(mixed, u_pre.dtype)
+        return silu_gate(u_pre, mixed) if lean else F.silu(u_pre) * mixed
 
 
 class Glu(nn.Module):
@@ -194,13 +207,14 @@ class TnnPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _can_compile_fullgraph = False
     _is_stateful = True  # recurrent decoding state: transformers refuses assisted generation, as for Mamba
-    # (default causal value, allowed causal values) of each class: config.causal=None becomes the default, in place.
+    # (default causal value, allowed causal values) of each class: config.causal=None becomes the default on the
+    # model's own copy of the config (the caller's stays as it was, so it can build every other head too).
     _causal_default: bool = True
     _causal_allowed: tuple[bool, ...] = (True, False)
 
     def __init__(self, config: TnnConfig, *inputs, **kwargs):
-        config.resolve_causal(self._causal_default, self._causal_allowed, type(self).__name__)
-        super().__init__(config, *inputs, **kwargs)
+        super().__init__(config.resolved_for(self._causal_default, self._causal_allowed, type(self).__name__),
+                         *inputs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -240,6 +254,7 @@ class TnnModel(TnnPreTrainedModel):
 
     def __init__(self, config: TnnConfig):
         super().__init__(config)
+        config = self.config  # the resolved copy: the mixers are causal or not as the model is
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         if config.embedding_layer_norm:  # absent otherwise: the state dict of today's models is unchanged
@@ -326,9 +341,11 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
     _causal_default = True
     _causal_allowed = (True,)
-    # The forward compiles without graph breaks, and so does a decode step whose cache's state keeps its shapes
-    # (TnnCache.is_compileable; tests/test_export.py); ETSC's window-to-SSM conversion breaks the graph.
-    _can_compile_fullgraph = True
+    # False: transformers reads this flag as "generate's default DynamicCache and cache_implementation='static' (a
+    # StaticCache) work and compile", and a TNN decodes with its own TnnCache, neither of those. What compiles is a
+    # decode step on a TnnCache whose state keeps its shapes (TnnCache.is_compileable; docs/generation.md,
+    # tests/test_export.py): generate(..., cache=TnnCache(config), compile_config=...).
+    _can_compile_fullgraph = False
 
     def __init__(self, config: TnnConfig):
         super().__init__(config)

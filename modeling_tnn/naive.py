@@ -1,7 +1,8 @@
 """Plain references of the model's fast operations, written straight from their definitions.
 
-Every fast path (the FFT and direct convolutions, the GTU's fused gating, the hand-written norm backward) is checked
-against these in the tests. They are slow (entry by entry, or dense matrices) and meant for small inputs only.
+Every operator of the ``ops_*`` modules (the FFT and direct convolutions, SKI's band plus low rank, the GTU's fused
+gating, the fused RPE, the norm's hand-written backward) is checked against these in tests/ops. They are slow (entry
+by entry, or dense matrices) and meant for small inputs only.
 """
 
 from __future__ import annotations
@@ -47,14 +48,45 @@ def simple_rms_norm(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return x / (x.pow(2).mean(dim=-1, keepdim=True).sqrt() + eps)
 
 
+def rpe_mlp(positions: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], eps: float = 1e-8,
+            scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The RPE MLP at ``positions`` (L,): ``Linear(1, r)``, then ``[SimpleRMSNorm, ReLU, Linear]`` per further layer
+    (``weights[i]`` (out, in), ``biases[i]``), each output row times ``scale`` (L,) when given."""
+    z = positions[:, None] * weights[0].t() + biases[0]
+    for weight, bias in zip(weights[1:], biases[1:]):
+        z = F.relu(simple_rms_norm(z, eps)) @ weight.t() + bias
+    return z if scale is None else z * scale[:, None]
+
+
+def masked_silu(pre: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(pre)`` with the positions the mask (b, n) marks 0 zeroed: the GTU's mixer input."""
+    v = F.silu(pre)
+    return v if attention_mask is None else v * attention_mask[..., None].to(v.dtype)
+
+
 def gtu_gate(u_pre: torch.Tensor, v_pre: torch.Tensor, mix, attention_mask: torch.Tensor | None = None
              ) -> torch.Tensor:
     """The GTU's gating around a token mixer ``mix``: ``silu(u_pre) * mix(silu(v_pre) * mask)``, the mask (b, n)
     zeroing padding positions of the mixer's input."""
-    v = F.silu(v_pre)
-    if attention_mask is not None:
-        v = v * attention_mask[..., None].to(v.dtype)
-    return F.silu(u_pre) * mix(v)
+    return F.silu(u_pre) * mix(masked_silu(v_pre, attention_mask))
+
+
+def band_plus_low_rank(x: torch.Tensor, band: torch.Tensor, weights: torch.Tensor | None = None,
+                       toeplitz: torch.Tensor | None = None) -> torch.Tensor:
+    """SKI's operator ``y = band(x) + W K_r W^T x`` for ``x`` (b, n, c): ``band`` (c, k), k odd, a centred
+    depthwise kernel (``y[:, i] += band[:, o] x[:, i + o - k//2]`` inside the sequence), ``weights`` W (b, n, r),
+    ``toeplitz`` K_r (b or 1, c, r, r); by loops over the band and dense products for the low rank."""
+    n, half = x.shape[1], band.shape[1] // 2
+    y = torch.zeros_like(x)
+    for o in range(band.shape[1]):
+        for i in range(n):
+            if 0 <= i + o - half < n:
+                y[:, i] += band[:, o] * x[:, i + o - half]
+    if toeplitz is None:
+        return y
+    inducing = torch.einsum("bnr,bnc->brc", weights, x)
+    mixed = torch.einsum("bcij,bjc->bic", toeplitz.expand(x.shape[0], -1, -1, -1), inducing)
+    return y + torch.einsum("bnr,brc->bnc", weights, mixed)
 
 
 def glu(x: torch.Tensor, gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear) -> torch.Tensor:

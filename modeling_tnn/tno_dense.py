@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import (TokenMixer, as_dtype, compute_dtype, fft_convolve, fft_length, single_block, tracing,
-                         use_direct)
+from .mixer_base import TokenMixer
 from .rpe import Rpe
+from .runtime import as_dtype, compute_dtype, tracing
 
 # float32's unit roundoff: kernel taps below it relative to the kernel's peak change no float32 output.
 FLOAT32_RESOLUTION = 2.0**-24
@@ -21,6 +21,10 @@ MAX_SUPPORT = 16384
 
 class DenseTno(TokenMixer):
     """Toeplitz neural operator: ``t_k = RPE(k) * gamma**|k|`` (``t_k = 0`` for ``k < 0`` when causal)."""
+
+    # The kernel is as long as the input and its RPE costs little next to the FFTs: when the convolution recomputes
+    # its spectra in backward, it rebuilds the taps too rather than keep them.
+    rebuilds_taps = True
 
     def __init__(self, config: TnnConfig, channels: int):
         super().__init__(channels, causal=bool(config.causal), recompute_spectra=config.fft_recompute)
@@ -67,39 +71,14 @@ class DenseTno(TokenMixer):
         lags = torch.where(slots < n, slots, slots - fft_len)
         return self.decayed(lags, keep=lags > -n).to(dtype)
 
-    def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """rfft of the circulant embedding of the kernel (:meth:`layout`), (fft_len // 2 + 1, channels)."""
-        return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
+    def taps(self, reach: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`coefficients` at lags up to ``reach`` (those of an input of ``reach + 1`` tokens), in ``dtype``."""
+        return as_dtype(self.coefficients(reach + 1, device), dtype)
 
-    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
-        n = x.shape[1]
-        lag0 = 0 if self.causal else n - 1
-        if use_direct(x.shape[0], n, x.shape[2]):
-            return self.direct(x, lambda: as_dtype(self.coefficients(n, x.device), x.dtype), lag0, attention_mask,
-                               activate, n)
-        fft_len = fft_length(n)
-        # Training hands the convolution the n (causal) or 2n - 1 real coefficients themselves: it lays them out
-        # circularly chunk by chunk, and the kernel gradient comes back in the same compact shape.
-        kernel = self.convolution_kernel(("spectrum", n, x.device, x.dtype),
-                                         lambda: as_dtype(self.coefficients(n, x.device), x.dtype),
-                                         lambda: self.spectrum(n, fft_len, x.device, x.dtype),
-                                         taps_only=single_block(x, fft_len, None, self.recompute_spectra))
-        return fft_convolve(x, kernel, fft_len, lag0=lag0, recompute=self.recompute_spectra,
-                            rebuild=self._rebuilder(n, x.device, x.dtype) if kernel.requires_grad and not tracing()
-                            else None,
-                            activate=activate, mask=attention_mask if activate else None)
-
-    def _rebuilder(self, n: int, device: torch.device, dtype: torch.dtype):
-        """What the convolution's backward calls for the kernel instead of keeping it: the coefficients again,
-        refused if a parameter changed in place since the forward (the values would no longer be the same)."""
-        version = self._parameter_version()
-
-        def rebuild() -> torch.Tensor:
-            if self._parameter_version() != version:
-                raise RuntimeError("DenseTno: a parameter changed in place between forward and backward; the "
-                                   "kernel the backward rebuilds would differ from the forward's.")
-            return self.coefficients(n, device).to(dtype)
-        return rebuild
+    def spectrum(self, reach: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """rfft of the circulant embedding of the kernel (:meth:`layout` of ``reach + 1`` tokens), (fft_len // 2 + 1,
+        channels)."""
+        return torch.fft.rfft(self.layout(reach + 1, fft_len, device, dtype), dim=0)
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         return self.coefficients(n, device)
@@ -109,6 +88,12 @@ class DenseTno(TokenMixer):
 
     def ssm_kernel_decay(self) -> float:
         return self.gamma
+
+    def has_kernel_support(self) -> bool:
+        return self.gamma < 1  # the decay bounds the support (kernel_support measures it)
+
+    def modal_tail_rpe(self) -> Rpe | None:
+        return self.rpe if self.gamma < 1 else None
 
     def kernel_support(self, device: torch.device) -> int | None:
         """The lag after which ``|RPE(k)| gamma**k`` stays below float32 resolution relative to the kernel's peak

@@ -13,13 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_tnn import TnnConfig
-from .mixer_base import TokenMixer, as_dtype, fft_convolve, single_block, smooth_size, use_direct
+from .mixer_base import TokenMixer
 from .rpe import Rpe
-
-# Overlap-save FFT size as a multiple of the lags a block must cover: each block then yields (multiple - 1) x that
-# many outputs. Small FFTs run faster per point than one FFT of the whole sequence (cache), and cost O(log block);
-# 4 (2048 points causal, 4096 bidirectional at the default fd_kernel_length) measured best against 2 and 8.
-BLOCK_MULTIPLE = 4
+from .runtime import as_dtype
 
 
 def causal_fold(grid: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -85,21 +81,10 @@ class FdTno(TokenMixer):
         nyquist = circular[half: half + 1] / 2
         return torch.cat([nyquist, circular[half + 1:], circular[:half], nyquist])
 
-    def plan(self, n: int) -> tuple[int, int | None, int, int]:
-        """How an input of n tokens is convolved: ``(fft_len, step, offset, taps)`` for :func:`fft_convolve`.
-
-        Only lags ``|m| <= taps = min(grid/2, n-1)`` reach ``y[:n]``. A short input is one FFT block of at least
-        ``n + taps`` points; a long one is cut into overlap-save blocks of a fixed size (the kernel's support is
-        fixed), which costs O(n log block) and no FFT that grows with n.
-        """
-        taps = min(self.grid // 2, n - 1)
-        span = taps if self.causal else 2 * taps  # lags other than 0 that a block must cover
-        single = smooth_size(n + taps)
-        block = smooth_size(BLOCK_MULTIPLE * span)
-        # Blocks redo the overlap and gather windows; measured on CPU they win once the single FFT is 2x larger.
-        if span and single >= 2 * block:
-            return block, block - span, taps, taps
-        return single, None, 0, taps
+    @property
+    def fixed_support(self) -> int:
+        """The kernel's largest lag, grid/2 (fixed: long inputs are convolved in overlap-save blocks)."""
+        return self.grid // 2
 
     def layout(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The kernel's lags that reach ``y[:n]``, in circular layout (fft_len, c): lag m at slot m mod fft_len."""
@@ -111,39 +96,22 @@ class FdTno(TokenMixer):
         gap = kernel.new_zeros(fft_len - 2 * taps - 1, self.channels)
         return torch.cat([kernel[half: half + taps + 1], gap, kernel[half - taps: half]])
 
-    def _response_is_spectrum(self, n: int, fft_len: int) -> bool:
+    def native_spectrum(self, reach: int, fft_len: int) -> bool:
         """Bidirectional inputs of at most grid/2 tokens convolved on the grid itself use the RPE output as is."""
-        return fft_len == self.grid and n <= self.grid // 2 and not self.causal
+        return fft_len == self.grid and reach < self.grid // 2 and not self.causal
 
-    def spectrum(self, n: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """rfft (fft_len // 2 + 1, c) of :meth:`layout`."""
-        if self._response_is_spectrum(n, fft_len):
+    def spectrum(self, reach: int, fft_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """rfft (fft_len // 2 + 1, c) of :meth:`layout` of the lags up to ``reach``."""
+        if self.native_spectrum(reach, fft_len):
             return self.response(device).to(dtype.to_complex())  # the RPE output is the spectrum: no kernel FFT
-        return torch.fft.rfft(self.layout(n, fft_len, device, dtype), dim=0)
+        return torch.fft.rfft(self.layout(reach + 1, fft_len, device, dtype), dim=0)
 
-    def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, activate: bool = False) -> torch.Tensor:
-        n = x.shape[1]
-        fft_len, step, offset, taps = self.plan(n)
-        if use_direct(x.shape[0], n, x.shape[2]):
-            return self.direct(x, lambda: self.taps(taps, x.device, x.dtype), 0 if self.causal else taps,
-                               attention_mask, activate, n)
-        key = ("kernel", fft_len, taps, x.device, x.dtype)
-        spectrum = lambda: self.spectrum(taps + 1, fft_len, x.device, x.dtype)  # noqa: E731
-        if self._response_is_spectrum(taps + 1, fft_len):
-            kernel = self.cached(key, spectrum)
-        else:
-            kernel = self.convolution_kernel(key, lambda: self.taps(taps, x.device, x.dtype), spectrum,
-                                             taps_only=single_block(x, fft_len, step, self.recompute_spectra))
-        return fft_convolve(x, kernel, fft_len, step, offset, lag0=0 if self.causal else taps,
-                            recompute=self.recompute_spectra, activate=activate,
-                            mask=attention_mask if activate else None)
-
-    def taps(self, taps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """The kernel's lags 0..taps (causal) or -taps..taps (bidirectional), (rows, c): what :meth:`layout` lays
-        out circularly, without the zeros."""
+    def taps(self, reach: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The kernel's lags 0..reach (causal) or -reach..reach (bidirectional), (rows, c), reach <= grid/2: what
+        :meth:`layout` lays out circularly, without the zeros."""
         half = self.grid // 2
         kernel = as_dtype(self.kernel(device), dtype)
-        return kernel[: taps + 1] if self.causal else kernel[half - taps: half + taps + 1]
+        return kernel[: reach + 1] if self.causal else kernel[half - reach: half + reach + 1]
 
     def causal_taps(self, n: int, device: torch.device) -> torch.Tensor:
         kernel = self.kernel(device)[:n]
@@ -154,3 +122,6 @@ class FdTno(TokenMixer):
 
     def kernel_support(self, device: torch.device) -> int:
         return self.grid // 2 + 1  # the causal kernel's lags 0 .. grid/2: a window of inputs decodes exactly
+
+    def has_kernel_support(self) -> bool:
+        return True  # a fixed support, whatever the weights

@@ -14,8 +14,8 @@ from .support import data_dir
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:
-    """Where tests/test_device.py runs its models: ``$TNN_TEST_DEVICE`` (run_scripts/accelerator_check.py sets it),
-    else cpu."""
+    """Where tests/models/test_device.py runs its models: ``$TNN_TEST_DEVICE`` (run_scripts/accelerator_check.py sets
+    it), else cpu."""
     return torch.device(os.environ.get("TNN_TEST_DEVICE", "cpu"))
 
 
@@ -51,12 +51,10 @@ def _one_thread():
 
 
 @pytest.fixture(params=["direct", "fft"])
-def mixer_path(request, monkeypatch) -> str:
+def mixer_path(request) -> str:
     """Runs a test once with the dense and FD mixers' short-sequence path (the Toeplitz matrix, for every length the
-    test uses) and once with the FFT path (for every length)."""
-    from modeling_tnn import mixer_base
+    test uses) and once with the FFT path (for every length), through a scoped convolution policy."""
+    from modeling_tnn.ops_dispatch import convolution_policy, current_policy
 
-    monkeypatch.setattr(mixer_base, "DIRECT_MAX_LENGTH", 1 << 30 if request.param == "direct" else 0)
-    monkeypatch.setattr(mixer_base, "DIRECT_MAX_ENTRIES", 1 << 62)
-    monkeypatch.setattr(mixer_base, "DIRECT_MIN_BATCH_PER_TOKEN", 0.0)
-    return request.param
+    with convolution_policy(current_policy().forcing_direct(request.param == "direct")):
+        yield request.param

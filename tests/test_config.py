@@ -28,8 +28,9 @@ def test_causal_none_is_resolved_by_the_class_and_saved(cls, expected, tmp_path)
     config = tiny_config()
     assert config.causal is None
     model = cls(config)
-    assert model.config is config  # the model holds the caller's config, the direction resolved in place
-    assert config.causal is expected
+    # The model holds its own resolved copy, shared by its backbone; the caller's config is left as it was.
+    assert model.config.causal is expected and model.config is not config and config.causal is None
+    assert getattr(model, "model", model).config is model.config
     model.save_pretrained(tmp_path)
     assert TnnConfig.from_pretrained(tmp_path).causal is expected
 
@@ -47,12 +48,20 @@ def test_classification_accepts_both_directions(causal):
     assert model.config is config and model.model.config is config and config.causal is causal
 
 
-def test_a_resolved_config_keeps_its_direction():
-    # The direction is resolved on the config itself: a second head of the other direction is refused, saying why.
+def test_one_config_builds_every_head_in_turn():
+    # transformers' mixins build every head from one config: building one must not decide the direction of the next.
     config = tiny_config()
-    TnnForCausalLM(config)
-    with pytest.raises(ValueError, match="causal=True contradicts TnnForMaskedLM.*sets it on the config"):
-        TnnForMaskedLM(config)
+    before = config.to_dict()
+    for cls, expected in HEADS:
+        assert cls(config).config.causal is expected
+    assert config.to_dict() == before
+
+
+def test_a_model_s_resolved_config_keeps_its_direction():
+    # The resolved copy is a config like any other: a head of the other direction built from it is refused, saying why.
+    causal_lm = TnnForCausalLM(tiny_config())
+    with pytest.raises(ValueError, match="causal=True contradicts TnnForMaskedLM.*causal=None to let the class"):
+        TnnForMaskedLM(causal_lm.config)
 
 
 def test_presets_and_overrides():

@@ -3,8 +3,8 @@
 (the timing harness and every benchmark behind ``results/bench_*``).
 
 The model modules of :mod:`modeling_tnn` never import this subpackage, so the code copied next to a saved model (and
-to the Hub) stays the model alone. The recipes need the ``train`` extra (``pip install "modeling-tnn[train]"``);
-importing them without it stops here with that command.
+to the Hub) stays the model alone. The recipes need the ``train`` extra (``pip install -e ".[train]"`` from a
+checkout); importing them without it stops here with the command that installs it where the package runs.
 """
 
 from .common.extras import require_train_extra

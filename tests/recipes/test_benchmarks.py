@@ -1,6 +1,7 @@
 """The benchmark harness and what it measures with: interleaved rounds and medians (on a fake clock), the record of
-the commit and machine, the three files of a benchmark's folder, the reference models and parameter matching
-against the counts the published results were measured at, the make-bench plan, and the A/B of two commits."""
+the commit and machine, the three files of a benchmark's folder, the scoped convolution policies and the compact
+fit's reset, the reference models and parameter matching against the counts the published results were measured at,
+the make-bench plan, and the A/B of two commits."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import sys
 import pytest
 import torch
 
-from modeling_tnn.recipes.benchmarks import harness, plan
+from modeling_tnn import TnnForCausalLM
+from modeling_tnn.mixer_base import TokenMixer
+from modeling_tnn.ops_dispatch import ConvolutionKernel, current_policy, plan_convolution
+from modeling_tnn.ops_dispatch import Path as DispatchPath
+from modeling_tnn.recipes.benchmarks import compact_fit, harness, plan, policies
 from modeling_tnn.recipes.benchmarks import training as bench_training
 from modeling_tnn.recipes.benchmarks.reference_models import (
     MinimalGpt,
@@ -23,7 +28,7 @@ from modeling_tnn.recipes.benchmarks.reference_models import (
     matched_mlp_width,
 )
 
-from tests.support import PROJECT_ROOT
+from tests.support import PROJECT_ROOT, tiny_config
 
 
 class FakeClock:
@@ -165,6 +170,47 @@ def test_decoding_baselines_match_the_published_counts():
         with torch.device("meta"):
             model = baseline_model(kind, "causal", mlp_width=width, positions=positions, **sizes)
         assert count_parameters(model, skip=("wpe",)) == expected
+
+
+# -- the scoped convolution policies and the compact fit's reset -----------------------------------------------------
+
+
+def test_policies_scope_the_dispatchers_policy_and_restore_it():
+    default = current_policy()
+    with policies.accelerator_like_policy():
+        assert current_policy() == default.as_on_accelerator()
+        block = torch.randn(12, 64, 384)  # the small-GPT step's width: several CPU chunks, one single block here
+        assert current_policy().single_block(block, 128) and not default.single_block(block, 128)
+    assert current_policy() == default
+    x = torch.randn(1, 512, 8)  # one row of a long input: the FFT path by default
+    kernel = ConvolutionKernel(taps=lambda reach: torch.randn(reach + 1, 8), causal=True)
+    assert plan_convolution(x, kernel).path is not DispatchPath.DIRECT
+    with policies.forced_convolution_path("direct"):
+        assert plan_convolution(x, kernel).path is DispatchPath.DIRECT
+    with policies.forced_convolution_path("fft"):
+        assert plan_convolution(torch.randn(64, 8, 8), kernel).path is not DispatchPath.DIRECT
+    assert current_policy() == default
+    with pytest.raises(ValueError, match="path must be one of"):
+        with policies.forced_convolution_path("ski"):
+            pass
+
+
+def test_no_benchmark_patches_the_model_code():
+    """Paths are forced by scoping a policy: no benchmark module sets attributes of modeling_tnn's modules."""
+    offenders = [path.name for path in (PROJECT_ROOT / "modeling_tnn" / "recipes" / "benchmarks").glob("*.py")
+                 if re.search(r"\bsetattr\(|monkeypatch", path.read_text())]
+    assert not offenders
+
+
+def test_clear_fits_drops_the_memoised_modal_tail():
+    torch.manual_seed(0)
+    model = TnnForCausalLM(tiny_config("dense", causal=True)).eval()
+    compact_fit.first_cached_forward(model)
+    mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
+    assert mixers and all(any(isinstance(key, tuple) and key[0] == "modal tail" for key in m._eval_cache)
+                          for m in mixers)
+    compact_fit.clear_fits(model)
+    assert all(not m._eval_cache for m in mixers) and not model.training
 
 
 # -- what make bench runs, and the rule that timing lives in the harness -------------------------------------------

@@ -21,6 +21,7 @@ import sys
 import torch
 
 from modeling_tnn import TnnForCausalLM, load_preset
+from modeling_tnn.mixer_base import TokenMixer
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from .generation import parse_args as generation_args
@@ -41,12 +42,14 @@ def demo_model() -> TnnForCausalLM:
 
 
 def clear_fits(model: TnnForCausalLM) -> None:
-    """Forget every mixer's memoised kernel constants (the compact fit among them)."""
-    caches = [m._eval_cache for m in model.modules() if isinstance(getattr(m, "_eval_cache", None), dict)]
-    if not caches:
-        raise RuntimeError("clear_fits: no mixer holds an _eval_cache dict: the memo moved, update this benchmark.")
-    for cache in caches:
-        cache.clear()
+    """Forget every mixer's memoised kernel constants, the compact fit among them: mixers memoise in eval mode
+    through ``TokenMixer.cached`` (the fitted modal tail too, keyed by tolerance and device, in
+    ``decoding_plan.modal_tail``), and ``TokenMixer.train`` drops that memo, in either mode."""
+    mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
+    if not mixers:
+        raise RuntimeError("clear_fits: the model holds no TokenMixer: the mixers moved, update this benchmark.")
+    for mixer in mixers:
+        mixer.train(mixer.training)
 
 
 def first_cached_forward(model: TnnForCausalLM) -> None:

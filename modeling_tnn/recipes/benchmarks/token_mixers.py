@@ -50,14 +50,20 @@ def make_step(kind: str, mixer: str, causal: bool, n: int, batch: int, channels:
     if kind == "floor":
         # What any FFT mixer pays at least: rfft + irfft of the input at the dense FFT size, forward and backward
         # (the convolution with a unit impulse, through the same code path as the mixers, no kernel gradient).
-        from modeling_tnn.mixer_base import fft_convolve, fft_length
+        from modeling_tnn.ops_dispatch import current_policy
+        from modeling_tnn.ops_fft_convolution import fft_convolve
+        from modeling_tnn.ops_fft_sizes import fft_length
 
         x = torch.randn(batch, n, channels, requires_grad=True)
         fft_len = fft_length(n)
         impulse = torch.ones(fft_len // 2 + 1, channels, dtype=torch.complex64)
+        # The recompute choice and channel chunks the dispatcher would give this input (it sizes them per call).
+        policy = current_policy()
+        recompute = policy.recomputes(batch * (fft_len // 2 + 1) * channels * 8, None)
 
         def step():
-            fft_convolve(x, impulse, fft_len).sum().backward()
+            fft_convolve(x, impulse, fft_len, recompute=recompute,
+                         chunk_elements=policy.chunk_budget(x.device)).sum().backward()
         return step
     config = config_for(mixer, causal, channels)
     if kind == "mixer":

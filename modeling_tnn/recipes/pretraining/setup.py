@@ -122,13 +122,22 @@ def build_model(model_args: ModelArguments, task: str, config, tokenizer: PreTra
 def get_tokenizer(args: PretrainingArguments, raw: DatasetDict, accelerator: Accelerator,
                   text_column: str) -> PreTrainedTokenizerBase:
     """The tokenizer: --tokenizer_name, the resumed checkpoint's, --model_name_or_path's, or a byte-level BPE trained
-    on the training split (saved in --output_dir)."""
+    on the training split (saved in --output_dir). A causal LM's pads on the left, transformers' decoder-only
+    convention, so that the folder it is saved in serves a batched ``generate(**tokenizer(prompts, padding=True))``
+    (right padding would put pad tokens between a prompt and its continuation); training packs blocks, no padding."""
     model = args.model
+    tokenizer = None
     for source, flag in ((model.tokenizer_name, "--tokenizer_name"), (args.resume_path, "--resume_from_checkpoint"),
                          (model.model_name_or_path, "--model_name_or_path")):
         if source:
-            return load_tokenizer(str(source), flag, model.trust_remote_code)
-    return train_tokenizer(raw, text_column, model.vocab_size, args.task == "mlm", args.run.output_dir, accelerator)
+            tokenizer = load_tokenizer(str(source), flag, model.trust_remote_code)
+            break
+    if tokenizer is None:
+        tokenizer = train_tokenizer(raw, text_column, model.vocab_size, args.task == "mlm", args.run.output_dir,
+                                    accelerator)
+    if args.task == "clm":  # init_kwargs is what save_pretrained writes to tokenizer_config.json
+        tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"
+    return tokenizer
 
 
 def optimizer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

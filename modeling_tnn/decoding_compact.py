@@ -1,0 +1,131 @@
+"""The compact decoding state of a decaying kernel: a short exact window and its tail as a few complex modes.
+
+A window of the first W lags (b, W, c) and the tail as r complex modes per channel, ``g = z * g + c * v_{t-W}``
+(the input leaving the window enters the modes), with a certified bound of the kernel's relative l1 error
+(:mod:`~modeling_tnn.decoding_modal_fit`). The modes are kept as real planes (b, 3, c, r): real part, imaginary part
+and the step's scratch (real arithmetic vectorises where PyTorch's complex kernels on CPU do not); everything is
+allocated at prefill and updated in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from .decoding_state import DecodingState, pole_powers
+from .decoding_window import reversed_taps, ring_order, ring_slot, slot_read, slot_write, window_read, window_state
+
+if TYPE_CHECKING:
+    from .decoding_cache import TnnCacheLayer
+    from .decoding_modal_fit import ModalTail
+    from .mixer_base import TokenMixer
+
+# Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
+MODAL_BLOCK = 128
+
+
+def as_complex(planes: torch.Tensor) -> torch.Tensor:
+    """Real planes (2, ...) (real part, imaginary part) as one complex tensor."""
+    return torch.complex(planes[0], planes[1])
+
+
+def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c), in one parallel pass:
+    per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers within a block (real and
+    imaginary parts side by side), then the blocks weighted by ``z**(block * later blocks)``."""
+    b, steps, c = inputs.shape
+    modes = residues.shape[1]
+    if steps == 0:
+        return residues.new_zeros(b, c, modes)
+    block = min(steps, MODAL_BLOCK)
+    blocks = -(-steps // block)
+    inputs = torch.nn.functional.pad(inputs.to(torch.float32), (0, 0, blocks * block - steps, 0))
+    rows = inputs.reshape(b * blocks, block, c).permute(2, 0, 1).contiguous()               # (c, b * blocks, block)
+    local = pole_powers(poles, torch.arange(block - 1, -1, -1, device=poles.device)).permute(1, 0, 2)  # z**(B-1-i)
+    with torch.autocast(device_type=rows.device.type, enabled=False):  # the state stays float32 under autocast
+        within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1))                # (c, b * blocks, 2r)
+    within = torch.complex(within[..., :modes], within[..., modes:]).reshape(c, b, blocks, modes)
+    later = torch.arange(blocks - 1, -1, -1, device=poles.device) * block
+    across = pole_powers(poles, later).permute(1, 0, 2)                                      # (c, blocks, r)
+    return residues * (within * across[:, None]).sum(2).permute(1, 0, 2)
+
+
+def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
+    """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c)."""
+    powers = pole_powers(poles, torch.arange(1, steps + 1, device=poles.device))            # (steps, c, r)
+    return torch.einsum("icr,bcr->bic", powers, state).real
+
+
+@dataclasses.dataclass(eq=False)
+class CompactState(DecodingState):
+    """A window of ``capacity`` lags as ``recurrent_states[0]`` (b, W, c) and ``modes`` complex modes per channel as
+    ``recurrent_states[1]`` (b, 3, c, r) real planes; its kernel is within ``error_bound`` (relative l1, the largest
+    channel's) of the exact one. Build it from a fitted tail with :meth:`from_tail`."""
+
+    PLAN = "compact"
+    CONSTANTS = ("poles", "residues", "taps_twice")
+
+    capacity: int = 0
+    modes: int = 0
+    error_bound: float = 0.0
+    poles: torch.Tensor | None = None       # (2, c, r) float32: real and imaginary planes of the poles
+    residues: torch.Tensor | None = None    # (2, c, r) float32: the same of their residues
+    taps_twice: torch.Tensor | None = None  # (2 W, c): the window's reversed taps
+
+    @classmethod
+    def from_tail(cls, tail: ModalTail, mixer: TokenMixer, device: torch.device, dtype: torch.dtype) -> CompactState:
+        """The state of a fitted (or loaded) ``tail``: poles and residues as real planes on ``device``, the window's
+        exact taps in ``dtype``."""
+        def planes(values: torch.Tensor) -> torch.Tensor:
+            return torch.stack([values.real, values.imag]).to(device).contiguous()
+        return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, poles=planes(tail.poles),
+                   residues=planes(tail.residues), taps_twice=reversed_taps(mixer, tail.window, device, dtype))
+
+    def describe(self) -> dict:
+        return {**super().describe(), "window": self.capacity, "modes": self.modes, "error_bound": self.error_bound}
+
+    def prefill(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int,
+                prior: torch.Tensor | None = None) -> None:
+        """The last W inputs of ``v`` in the window, the ones before in the modes; ``prior`` (the modes before
+        ``v``, complex (b, c, r)) is decayed over them and added."""
+        n = v.shape[1]
+        keep = min(n, self.capacity)
+        poles = as_complex(self.poles)
+        modes = modal_state(v[:, : n - keep], poles, as_complex(self.residues))
+        if prior is not None:
+            modes += prior * pole_powers(poles, n - keep, prior.dtype)
+        layer.update_recurrent_state(window_state(v[:, n - keep:], seen, self.capacity), 0)
+        layer.update_recurrent_state(torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1), 1)
+
+    def step(self, layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int,
+             counter: torch.Tensor | None) -> torch.Tensor:
+        """In place: the input leaving the window enters the modes, ``v_t`` takes its slot; the output is the window
+        read against the exact taps plus the modes' real part."""
+        window, modes = layer.recurrent_states[0], layer.recurrent_states[1]
+        capacity = window.shape[1]
+        position = ring_slot(seen, capacity, counter)
+        real, imag, scratch = modes.unbind(1)
+        (pole_re, pole_im), (res_re, res_im) = self.poles, self.residues
+        leaving = slot_read(window, position)[..., None]
+        if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
+            scratch.copy_(imag).mul_(pole_im)
+        else:
+            torch.mul(imag, pole_im, out=scratch)
+        imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
+        real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
+        slot_write(window, position, v_t)
+        return window_read(window, self.taps_twice, position, capacity) + real.sum(-1)
+
+    def chunk(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> torch.Tensor:
+        """The window and the chunk through the exact kernel in parallel, plus what the modes contribute; then the
+        state after the chunk."""
+        window, planes = layer.recurrent_states[0], layer.recurrent_states[1]
+        modes = torch.complex(planes[:, 0], planes[:, 1])
+        capacity = window.shape[1]
+        sequence = torch.cat([window[:, ring_order(seen, capacity, capacity, v.device)].to(v.dtype), v], dim=1)
+        n = v.shape[1]
+        out = mixer(sequence, None)[:, -n:] + modal_contribution(modes, as_complex(self.poles), n).to(v.dtype)
+        self.prefill(layer, mixer, sequence, seen + n, modes)
+        return out
