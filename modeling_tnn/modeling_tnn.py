@@ -207,8 +207,7 @@ class TnnPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = False
     _can_compile_fullgraph = False
     _is_stateful = True  # recurrent decoding state: transformers refuses assisted generation, as for Mamba
-    # (default causal value, allowed causal values) of each class: config.causal=None becomes the default on the
-    # model's own copy of the config (the caller's stays as it was, so it can build every other head too).
+    # (default causal value, allowed causal values) of each class: causal=None resolves on the model's own copy.
     _causal_default: bool = True
     _causal_allowed: tuple[bool, ...] = (True, False)
 
@@ -341,10 +340,8 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
     _causal_default = True
     _causal_allowed = (True,)
-    # False: transformers reads this flag as "generate's default DynamicCache and cache_implementation='static' (a
-    # StaticCache) work and compile", and a TNN decodes with its own TnnCache, neither of those. What compiles is a
-    # decode step on a TnnCache whose state keeps its shapes (TnnCache.is_compileable; docs/generation.md,
-    # tests/test_export.py): generate(..., cache=TnnCache(config), compile_config=...).
+    # False: transformers reads it as "DynamicCache/StaticCache work and compile", and TNN decodes with a TnnCache.
+    # What compiles: generate(..., cache=TnnCache(config), compile_config=...) (docs/generation.md, test_export.py).
     _can_compile_fullgraph = False
 
     def __init__(self, config: TnnConfig):

@@ -114,6 +114,7 @@ def test_transformers_model_tests_pass_over_every_tnn_class(transformers_tests_d
         pytest.skip(f"the test tree at {transformers_tests_dir} is not transformers {transformers.__version__}'s: it "
                     f"imports {mismatch.group(1)} from {mismatch.group(2)}, which this version lacks; run it with its "
                     "own transformers (make test-mixins)")
+    print(f"transformers {transformers.__version__} mixins over TNN: {counts}")  # shown with -rP / -s
     failures = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
     assert counts, output[-5000:]
     assert counts.get("failed", 0) == 0 and counts.get("error", 0) == 0 and counts.get("subtests failed", 0) == 0, \
