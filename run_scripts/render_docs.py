@@ -11,9 +11,10 @@ A page includes a file between two markers, the path relative to the repository 
     python run_scripts/render_docs.py            # rewrite every stale block in place (make bench runs it last)
     python run_scripts/render_docs.py --check    # change nothing; exit 1 naming every stale block
 
-The pages are README.md, CHANGELOG.md and docs/*.md. A block whose file is missing, a marker without its end, or
-a path outside the repository is an error (exit 2): a page never silently keeps an old copy. Standard library
-only, so it runs before anything is installed.
+The pages are README.md, CHANGELOG.md and docs/*.md. The file's headings move three levels down (``# x`` becomes
+``#### x``), so that an included table sits under the page's own sections. A block whose file is missing, a marker
+without its end, or a path outside the repository is an error (exit 2): a page never silently keeps an old copy.
+Standard library only, so it runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 DEFAULT_ROOT = Path(__file__).resolve().parents[1]
 BEGIN = re.compile(r"^<!-- include: (\S+) -->$")
 END = "<!-- end include -->"
+HEADING = re.compile(r"^(#{1,6})(\s.*)?$")
+HEADING_SHIFT = 3  # an included file's top heading becomes a level-4 heading of the page
 
 
 class IncludeError(ValueError):
@@ -69,14 +72,27 @@ def find_blocks(page: Path, lines: list[str]) -> list[Block]:
     return blocks
 
 
+def demote_headings(text: str) -> str:
+    """``text`` with every markdown heading outside code fences ``HEADING_SHIFT`` levels deeper (at most 6)."""
+    lines, fenced = [], False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        match = None if fenced else HEADING.match(line)
+        if match:
+            line = "#" * min(6, len(match.group(1)) + HEADING_SHIFT) + (match.group(2) or "")
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def source_text(root: Path, block: Block) -> str:
-    """The text a block must hold: its file's, without surrounding blank lines."""
+    """The text a block must hold: its file's, headings demoted, without surrounding blank lines."""
     path = (root / block.source).resolve()
     if not path.is_relative_to(root.resolve()):
         raise IncludeError(f"{block.page}:{block.line}: {block.source} is outside the repository")
     if not path.is_file():
         raise IncludeError(f"{block.page}:{block.line}: {block.source} does not exist (run make bench?)")
-    return path.read_text().strip("\n")
+    return demote_headings(path.read_text().strip("\n"))
 
 
 def rendered_body(text: str) -> list[str]:

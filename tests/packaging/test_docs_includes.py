@@ -81,3 +81,15 @@ def test_a_path_outside_the_repository_is_an_error(tmp_path):
     (root / "README.md").write_text(page_with("<!-- include: ../secret.md -->\n<!-- end include -->"))
     result = render(root)
     assert result.returncode == 2 and "outside the repository" in result.stderr
+
+
+def test_included_headings_move_under_the_page(tmp_path):
+    """A generated table.md starts with its benchmark's `# title`: on the page it becomes a level-4 heading, and a
+    `#` inside a code fence stays as it is."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table.md").write_text("# decoding\n\n## batch 1\n\n```bash\n# a comment\n```\n")
+    (tmp_path / "README.md").write_text(page_with("<!-- include: results/table.md -->\n<!-- end include -->"))
+    assert render(tmp_path).returncode == 0
+    text = (tmp_path / "README.md").read_text()
+    assert "\n#### decoding\n\n##### batch 1\n\n```bash\n# a comment\n```\n" in text
+    assert render(tmp_path, "--check").returncode == 0
