@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -21,16 +20,11 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 
+from .checkpoint_layout import register_split_projection_loading
 from .configuration_tnn import TnnConfig
-from .decoding_cache import TnnCache, mix_with_cache
+from .decoding_cache import TnnCache
 from .input_validation import validate_model_inputs
-from .mixer_base import TokenMixer
-from .ops_fused_gating import SiluMask, fuses_gating, silu_gate, silu_mask
-from .rpe import SimpleRMSNorm
-from .runtime import as_dtype, compute_dtype
-from .tno_dense import DenseTno
-from .tno_fd import FdTno
-from .tno_ski import SkiTno
+from .tnn_block import Dropout, TnnBlock, build_final_norm
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; support both.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -49,150 +43,7 @@ AUTO_MAP = {
     "AutoModelForQuestionAnswering": "modeling_tnn.TnnForQuestionAnswering",
 }
 
-
-TOKEN_MIXER_CLASSES: dict[str, type[TokenMixer]] = {"dense": DenseTno, "fd": FdTno, "ski": SkiTno}
-
-
-def build_token_mixer(config: TnnConfig, channels: int) -> TokenMixer:
-    """The token mixer named by ``config.token_mixer`` (validated by the config)."""
-    return TOKEN_MIXER_CLASSES[config.token_mixer](config, channels)
-
-
-class Gtu(nn.Module):
-    """Gated Toeplitz Unit: ``W_o(silu(W_u x) * TokenMixer(silu(W_v x)))``; pad positions of the mixer input are
-    zeroed so that padding never reaches a real token. ``W_u`` and ``W_v`` are one Linear, ``uv_proj`` (``W_u``'s
-    rows first): one matmul instead of two, forward and backward."""
-
-    def __init__(self, config: TnnConfig, layer_idx: int = 0):
-        super().__init__()
-        self.layer_idx = layer_idx
-        width = config.gtu_dim
-        self.uv_proj = nn.Linear(config.hidden_size, 2 * width)
-        self.o_proj = nn.Linear(width, config.hidden_size)
-        self.token_mixer = build_token_mixer(config, width)
-
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: TnnCache | None = None) -> torch.Tensor:
-        u_pre, v_pre = self.uv_proj(x).chunk(2, dim=-1)
-        return self.o_proj(self.gate(u_pre, v_pre, attention_mask, cache))
-
-    def gate(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
-             cache: TnnCache | None = None) -> torch.Tensor:
-        """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``: through the fused ops where
-        ops_fused_gating.fuses_gating says so, else the plain composition; the same values either way."""
-        lean = cache is None and fuses_gating(u_pre, v_pre, self.token_mixer.recompute_spectra)
-        if lean and v_pre.dtype == compute_dtype(v_pre.dtype):  # silu * mask inside the mixer's operator
-            mixed = self.token_mixer(v_pre, attention_mask, SiluMask(attention_mask))
-        elif cache is not None:  # decoding: the recurrent state mixes the gated, masked input
-            mixed = mix_with_cache(self.token_mixer, silu_mask(v_pre, attention_mask), attention_mask,
-                                   cache.layers[self.layer_idx], cache)
-        else:
-            mixed = self.token_mixer(silu_mask(v_pre, attention_mask), attention_mask)
-        mixed = as_dtype(mixed, u_pre.dtype)
-        return silu_gate(u_pre, mixed) if lean else F.silu(u_pre) * mixed
-
-
-class Glu(nn.Module):
-    """Channel mixer ``W3(silu(W1 x) * W2 x)``, ``W1`` and ``W2`` one Linear (``gate_up_proj``, ``W1``'s rows
-    first)."""
-
-    def __init__(self, config: TnnConfig):
-        super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.glu_dim)
-        self.down_proj = nn.Linear(config.glu_dim, config.hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-# Checkpoints saved before the fused projections hold W_u / W_v and W1 / W2 as separate Linears: transformers
-# concatenates them on load (and, saving in the original format as it does by default, splits them again).
-_SPLIT_PROJECTIONS = {"gtu.uv_proj": ("gtu.u_proj", "gtu.v_proj"), "glu.gate_up_proj": ("glu.gate_proj", "glu.up_proj")}
-
-
-def split_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state_dict`` with each fused projection (``uv_proj``, ``gate_up_proj``) as its two halves under the split
-    names: the layout ``save_pretrained`` writes and earlier versions of this model used."""
-    out = {}
-    for key, value in state_dict.items():
-        fused = next((f for f in _SPLIT_PROJECTIONS if f".{f}." in f".{key}"), None)
-        if fused is None:
-            out[key] = value
-            continue
-        for name, half in zip(_SPLIT_PROJECTIONS[fused], value.chunk(2, dim=0)):
-            out[key.replace(fused, name)] = half
-    return out
-
-
-def fuse_projections(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`split_projections`: each pair of split projection tensors concatenated into the fused
-    one (tensors of other names, and already fused ones, unchanged)."""
-    out = dict(state_dict)
-    for fused, (first, second) in _SPLIT_PROJECTIONS.items():
-        for key in [k for k in out if f".{first}." in f".{k}"]:
-            partner = key.replace(first, second)
-            out[key.replace(first, fused)] = torch.cat([out.pop(key), out.pop(partner)], dim=0)
-    return out
-
-
-def _register_split_projection_loading() -> None:
-    """Register, for ``model_type="tnn"``, the conversion of split projection weights and biases into the fused
-    Linears (transformers' dynamic weight loading: a ``WeightConverter`` with ``Concatenate(dim=0)``, reversed by
-    ``save_pretrained``). The patterns are regular expressions and, reversed, replacement strings: plain names."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
-    from transformers.core_model_loading import Concatenate, WeightConverter
-
-    converters = [WeightConverter(source_patterns=[f"{first}.{kind}", f"{second}.{kind}"],
-                                  target_patterns=f"{fused}.{kind}", operations=[Concatenate(dim=0)])
-                  for fused, (first, second) in _SPLIT_PROJECTIONS.items() for kind in ("weight", "bias")]
-    if get_checkpoint_conversion_mapping(TnnConfig.model_type) is None:  # a second copy of this module (remote code)
-        register_checkpoint_conversion_mapping(TnnConfig.model_type, converters)
-
-
-_register_split_projection_loading()
-
-
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` that calls nothing where it is the identity (``p == 0`` or eval mode): ``nn.Dropout`` still
-    records an operator there, one per residual branch and step (on an accelerator, a launch)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(x, self.p, True, self.inplace) if self.training and self.p > 0 else x
-
-
-class TnnBlock(GradientCheckpointingLayer):
-    """A GTU and a GLU, each on a residual branch with a SimpleRMSNorm. ``config.norm_placement="pre"`` (default):
-    ``x += drop(GTU(norm(x)))``, ``x += drop(GLU(norm(x)))``; ``"post"``: ``x = norm(x + drop(GTU(x)))``,
-    ``x = norm(x + drop(GLU(x)))``. The norms are parameter-free, so both placements have the same weights."""
-
-    def __init__(self, config: TnnConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.post_norm = config.norm_placement == "post"
-        self.token_norm = SimpleRMSNorm()
-        self.gtu = Gtu(config, layer_idx)
-        self.channel_norm = SimpleRMSNorm()
-        self.glu = Glu(config)
-        self.dropout = Dropout(config.dropout)
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: TnnCache | None = None) -> torch.Tensor:
-        if self.post_norm:
-            hidden_states = self.token_norm(
-                hidden_states + self.dropout(self.gtu(hidden_states, attention_mask, cache)))
-            return self.channel_norm(hidden_states + self.dropout(self.glu(hidden_states)))
-        hidden_states = hidden_states + self.dropout(self.gtu(self.token_norm(hidden_states), attention_mask, cache))
-        return hidden_states + self.dropout(self.glu(self.channel_norm(hidden_states)))
-
-
-def build_final_norm(config: TnnConfig) -> nn.Module:
-    """The norm after the last block named by ``config.final_norm`` (validated by the config)."""
-    if config.final_norm == "layernorm":
-        return nn.LayerNorm(config.hidden_size)
-    if config.final_norm == "simplermsnorm":
-        return SimpleRMSNorm()
-    return nn.Identity()
+register_split_projection_loading()
 
 
 class TnnPreTrainedModel(PreTrainedModel):

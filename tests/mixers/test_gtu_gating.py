@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from modeling_tnn.modeling_tnn import Gtu, build_token_mixer
+from modeling_tnn.tnn_block import Gtu, build_token_mixer
 from modeling_tnn.naive import gtu_gate
 from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from modeling_tnn.ops_dispatch import use_direct
-from modeling_tnn.modeling_tnn import Dropout
+from modeling_tnn.tnn_block import Dropout
 from modeling_tnn.recipes.benchmarks import training as bench
 from modeling_tnn.recipes.benchmarks.op_count import aten_events
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from modeling_tnn import load_preset
-from modeling_tnn.modeling_tnn import TnnBlock, build_token_mixer
+from modeling_tnn.tnn_block import TnnBlock, build_token_mixer
 
 from .harness import (
     CLOCK,

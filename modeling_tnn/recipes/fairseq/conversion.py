@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from ...configuration_tnn import TnnConfig
-from ...modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel, fuse_projections, split_projections
+from ...checkpoint_layout import fuse_projections, split_projections
+from ...modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnPreTrainedModel
 from .checkpoint import (
     BACKBONE_PREFIX,
     CAUSAL_LM,
@@ -52,7 +53,7 @@ from .checkpoint import (
 
 # Our parameter name (a regex) -> the fairseq name (a template; `{B}` is the backbone prefix). Every parameter of
 # TnnForCausalLM / TnnForMaskedLM, in the layout checkpoints are saved in (the GTU's and GLU's fused input
-# projections split in two, modeling_tnn.split_projections), matches exactly one rule of its kind.
+# projections split in two, checkpoint_layout.split_projections), matches exactly one rule of its kind.
 _BLOCK_RULES = [
     (r"model\.embeddings\.weight", "{B}embed_tokens.weight"),
     (r"model\.embedding_norm\.(weight|bias)", r"{B}layernorm_embedding.\1"),

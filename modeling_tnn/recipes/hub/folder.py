@@ -114,7 +114,7 @@ def _check_weights_match_package(info: RunInfo) -> None:
 
     import modeling_tnn
 
-    from modeling_tnn.modeling_tnn import split_projections
+    from modeling_tnn.checkpoint_layout import split_projections
 
     model = getattr(modeling_tnn, info.architecture)(modeling_tnn.TnnConfig.from_dict(info.config))
     saved: set[str] = set()

@@ -22,7 +22,6 @@ from transformers import (
 
 from ..common.argument_groups import flag
 from ..common.flag_checks import UsageError, first_line, hub_hint
-from ..common.run_files import TOKENIZER_FILES
 from .corpus import embedded_splits
 from .tokenizer import train_byte_level_bpe
 
