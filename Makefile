@@ -74,6 +74,7 @@ glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), f
 
 bench: install  ## every results/bench_* folder regenerated (about 20 minutes on 2 idle cores; run on an idle machine)
 	$(PY) run_scripts/bench_all.py --results_root results
+	$(PY) run_scripts/render_docs.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) $(MIXINS_VENV) build *.egg-info

@@ -99,7 +99,9 @@ def run_plan(results_root: Path, quick: bool = False, only: tuple[str, ...] | No
             continue
         folder = Path(results_root).resolve() / step.folder
         shutil.rmtree(folder, ignore_errors=True)  # regenerated, not merged with an older run's files
-        command = [sys.executable, step.script, *(step.quick if quick else step.full), "--output_dir", str(folder)]
+        # Relative to the source tree where it lies inside it: the command each table records then holds no machine path.
+        output_dir = os.path.relpath(folder, root) if folder.is_relative_to(root) else str(folder)
+        command = [sys.executable, step.script, *(step.quick if quick else step.full), "--output_dir", output_dir]
         start = CLOCK()
         status = subprocess.run(command, cwd=root, env=env).returncode
         done.append(dict(folder=step.folder, returncode=status, seconds=round(CLOCK() - start, 1)))
