@@ -131,11 +131,6 @@ class TnnModelTestBase(ModelTesterMixin, PipelineTesterMixin):
     causal = None
     # TNN has no attention: like Mamba, no attention weights to return, check or prune.
     has_attentions = False
-    # Models fuse the GTU's u/v and the GLU's gate/up projections; loading an unfused checkpoint splits them through
-    # a conversion hook, which the missing-keys check does not know (as for Mamba, whose tester also sets this).
-    test_missing_keys = False
-    # The task heads take `labels` / `start_positions` etc.; no head is a multiple-choice head.
-    test_head_masking = False
 
     def setUp(self):
         self.model_tester = TnnModelTester(self, token_mixer=self.token_mixer, causal=self.causal)
