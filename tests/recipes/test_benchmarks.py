@@ -96,7 +96,7 @@ def test_source_state_names_the_commit_and_whether_the_tree_is_dirty(tmp_path):
     if head.returncode:
         pytest.skip("not a git checkout")
     assert state["commit"] == head.stdout.strip() and isinstance(state["dirty"], bool)
-    assert harness.source_state(tmp_path) == dict(commit=None, dirty=None, tree=str(tmp_path))
+    assert harness.source_state(tmp_path) == dict(commit=None, dirty=None)
 
 
 def test_a_report_folder_holds_json_table_and_figure(tmp_path):

@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
                 remove_worktree(repo, tree)
     table = render(runs, base, head)
     print(table)
-    settings = dict(base=base, head=head, benchmarks=args.benchmarks, rounds=args.rounds, repo=str(repo))
+    settings = dict(base=base, head=head, benchmarks=args.benchmarks, rounds=args.rounds, repo=args.repo)
     write_report(args.output_dir, "A/B of two commits", command_line(SCRIPT, argv), settings,
                  dict(base=base, head=head, runs=runs), table, figure="ab.png", plot=lambda path: plot(runs, path),
                  started=started)

@@ -212,7 +212,8 @@ def source_state(root: Path | None = None) -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     changes = git("status", "--porcelain", "--", ".", ":(exclude)results") if commit else None
-    return dict(commit=commit, dirty=None if changes is None else bool(changes), tree=str(root))
+    # No path: a committed record names no machine's folders.
+    return dict(commit=commit, dirty=None if changes is None else bool(changes))
 
 
 def cpu_model() -> str:
