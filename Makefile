@@ -25,26 +25,24 @@ TRANSFORMERS_TESTS_DIR ?= ../shared/hf-tests
 
 .PHONY: install demo test test-fast test-oldest test-mixins glue bench clean
 
+# $(call make_venv,DIR,PINS): a venv in DIR with the CPU build of torch and this project's dev extra (plus PINS, e.g.
+# one transformers release).
+define make_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
+	$(1)/bin/python -m pip install --quiet -e ".[dev]" $(2)
+	touch $(1)/.installed
+endef
+
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
-	$(PY) -m pip install --quiet -e ".[dev]"
-	touch $@
+	$(call make_venv,$(VENV),)
 
 $(MIXINS_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(MIXINS_VENV)
-	$(MIXINS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(MIXINS_VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
-	$(MIXINS_VENV)/bin/python -m pip install --quiet -e ".[dev]" "transformers==$(MIXINS_TRANSFORMERS)"
-	touch $@
+	$(call make_venv,$(MIXINS_VENV),"transformers==$(MIXINS_TRANSFORMERS)")
 
 $(OLDEST_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(OLDEST_VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
-	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[dev]" "transformers==$(OLDEST_TRANSFORMERS)"
-	touch $@
+	$(call make_venv,$(OLDEST_VENV),"transformers==$(OLDEST_TRANSFORMERS)")
 
 install: $(VENV)/.installed
 

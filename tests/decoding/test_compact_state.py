@@ -9,19 +9,18 @@ import json
 import pytest
 import torch
 
-from modeling_tnn import TnnConfig, TnnForCausalLM
+from modeling_tnn import TnnConfig
 from modeling_tnn.decoding_cache import TnnCache, mix_with_cache
 from modeling_tnn.decoding_modal_fit import float64_taps, fit_modal_tail, modal_taps
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from tests.support import tiny_config
+from tests.support import tiny_model
 
 WINDOW = 32  # the ladder's window: the switch point where the modes take over
 
 
 def _model(gamma, **overrides):
-    torch.manual_seed(0)
-    return TnnForCausalLM(tiny_config("dense", decay_gamma=gamma, eos_token_id=None, **overrides)).eval()
+    return tiny_model("dense", decay_gamma=gamma, **overrides).eval()
 
 
 def _mixer(model, layer=0):

@@ -13,16 +13,15 @@ from modeling_tnn.decoding_cache import TnnCache
 from modeling_tnn.decoding_ssm import dft_modes, etsc_modes, half_spectrum, ssm_kernel
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from tests.support import CAUSAL_MIXERS, tiny_config
+from tests.support import CAUSAL_MIXERS, tiny_model
 
 # A short ETSC horizon (and FD kernel) keeps "within" and "beyond the horizon" cheap to test.
 HORIZON = 16
 
 
 def _model(mixer, **overrides):
-    torch.manual_seed(0)
     overrides = {"etsc_length": HORIZON, "fd_kernel_length": HORIZON, **overrides}
-    return TnnForCausalLM(tiny_config(mixer, eos_token_id=None, **overrides)).eval()
+    return tiny_model(mixer, TnnForCausalLM, **overrides).eval()
 
 
 def _generate(model, ids, **kwargs):

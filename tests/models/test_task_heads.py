@@ -181,19 +181,15 @@ def test_question_answering_on_a_saved_folder(tmp_path, tokenizer, fitted, mixer
 
 
 def test_readme_recipe_tags_and_answers(tmp_path, monkeypatch, tokenizer, fitted):
-    """The README's token-classification and question-answering recipe (its imports, then everything from the
-    tagger on) run as written on folders that hold heads fitted to its example, so that its entities and answer can
-    be checked; the snippet's own lines that make the folders, if any, are left out (tests/packaging runs the whole
-    snippet)."""
+    """The README's token-classification and question-answering snippet, run as written on fitted folders."""
     readme = (PROJECT_ROOT / "README.md").read_text()
     section = readme[readme.index("### Token classification and question answering"):]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    imports, recipe = snippet.split("\n\n")[0], snippet[snippet.index("tagger = pipeline("):]
     for name, cls in (("my-tnn-ner", TnnForTokenClassification), ("my-tnn-qa", TnnForQuestionAnswering)):
         save_with_tokenizer(fitted(cls, "dense"), tokenizer, tmp_path / name)
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    exec(imports + "\n" + recipe, namespace)
+    exec(snippet, namespace)
     assert namespace["context"] == CONTEXT and namespace["question"] == QUESTION
     assert [(e["entity_group"], e["word"].strip()) for e in namespace["entities"]] == [("KW", KEYWORD)]
     assert namespace["answer"].strip() == ANSWER

@@ -104,7 +104,7 @@ def test_paper_presets():
     ("small", TnnForCausalLM, 2_101_632),
 ])
 def test_preset_parameter_counts_match_their_descriptions(preset, cls, total):
-    """The counts written in the presets' _description fields (and the README table)."""
+    """Each preset builds the parameter count its _description field states."""
     import json
     import torch
 
