@@ -103,7 +103,7 @@ def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
         config = CompileConfig(backend="eager", fullgraph=True, dynamic=None)
         config._compile_all_devices = True  # generate compiles on CPU only when told to
         with torch._dynamo.config.patch(recompile_limit=2):  # the first step's count, then a dynamic one
-            compiled = model.generate(prompt, cache=cache, compile_config=config, **greedy)
+            compiled = model.generate(prompt, **{CACHE_FIELD: cache}, compile_config=config, **greedy)
     assert hasattr(model, "_compiled_call"), "generate did not take its compiled path"
     assert torch.equal(compiled, eager)
 
