@@ -209,7 +209,7 @@ def exact_horizon(mixer: TokenMixer, supremum: torch.Tensor, l1_floor: torch.Ten
     """The lag ``L`` after which the closed-form bound of the true kernel, ``S gamma**L / (1 - gamma)``, is below
     ``TAIL_SHARE * tolerance`` of the kernel's l1 norm in every channel (at most ``MAX_EXACT_LAGS``)."""
     gamma = mixer.ssm_kernel_decay()
-    ratio = float((supremum / l1_floor).max()) / (1 - gamma)
+    ratio = float(torch.where(supremum > 0, supremum / l1_floor, 0.0).max()) / (1 - gamma)  # a zero kernel: 0
     target = TAIL_SHARE * tolerance
     if ratio <= target:
         return 1
@@ -238,7 +238,9 @@ def certified_bound(mixer: TokenMixer, poles: torch.Tensor, residues: torch.Tens
     kernel_beyond = supremum * gamma**horizon / (1 - gamma)
     magnitude = poles.abs()
     modes_beyond = (residues.abs() * magnitude ** (horizon - window) / (1 - magnitude)).sum(-1)
-    return (error + kernel_beyond + modes_beyond) / l1
+    total = error + kernel_beyond + modes_beyond
+    # A channel whose kernel is zero everywhere (S = 0) is exact when its modes are zero too.
+    return torch.where(l1 > 0, total / l1, torch.where(total > 0, math.inf, 0.0))
 
 
 def fit_modal_tail(mixer: TokenMixer, window: int, rank: int, tolerance: float, device: torch.device,

@@ -91,9 +91,13 @@ def fit_shared_tail(mixer: TokenMixer, window: int, rank: int, tolerance: float,
     if channels is not None:
         taps = taps[:, channels]
     samples = taps[window:window + max(pole_span, residue_span)]
-    unit = samples[:pole_span] / taps[:window + pole_span].abs().sum(0)  # scaled to (about) unit l1
-    poles, kept = realisation_poles(block_hankel_subspace(span_basis(unit), rank))
-    poles = poles[kept]                                                                  # (modes,)
+    scale = taps[:window + pole_span].abs().sum(0).clamp_min(torch.finfo(taps.dtype).tiny)
+    basis = span_basis(samples[:pole_span] / scale)                                      # channels at about unit l1
+    if basis.shape[1] == 0:  # every tail is zero: one placeholder mode, whose residues come out zero
+        poles = torch.full((1,), 0.5, dtype=torch.complex128, device=taps.device)
+    else:
+        poles, kept = realisation_poles(block_hankel_subspace(basis, rank))
+        poles = poles[kept]                                                              # (modes,)
     residues = shared_residues(samples[:residue_span], poles)
     poles64 = poles.to(torch.complex64)
     inside = poles64.abs() < 1

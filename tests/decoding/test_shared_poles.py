@@ -88,3 +88,20 @@ def test_a_widened_tail_keeps_a_certified_bound_with_its_rerounded_residues():
         modal = (powers * wide.residues.to(torch.complex128)[None]).sum(-1).real
         error = (taps[window:] - modal).abs().sum(0) / taps.abs().sum(0)
         assert (error <= wide.bound).all() and (wide.bound >= tail.bound).all()
+
+
+def test_channels_with_a_zero_kernel_certify_exactly_and_a_zero_layer_fits():
+    torch.manual_seed(0)
+    model = TnnForCausalLM(tiny_config("dense", decay_gamma=0.99)).eval()
+    mixer = model.model.layers[0].gtu.token_mixer
+    rpe = mixer.modal_tail_rpe()
+    with torch.no_grad():
+        rpe.out_proj.weight[:4] = 0
+        rpe.out_proj.bias[:4] = 0
+    tail = compact_tail(mixer, 1e-5, torch.device("cpu"))
+    assert (tail.bound[:4] == 0).all() and (tail.bound <= 1e-5).all()
+    with torch.no_grad():
+        rpe.out_proj.weight.zero_()
+        rpe.out_proj.bias.zero_()
+    tail = compact_tail(mixer, 1e-5, torch.device("cpu"))
+    assert (tail.bound == 0).all() and (tail.residues == 0).all()
