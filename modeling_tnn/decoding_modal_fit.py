@@ -123,19 +123,26 @@ def hankel_poles(samples: torch.Tensor, rank: int, power_steps: int = 1) -> tupl
     values, vectors = torch.linalg.eigh((projected + projected.mT) / 2)
     top = values.abs().argsort(dim=1, descending=True)[:, :rank]
     dominant = rows.mT @ vectors.gather(2, top[:, None, :].expand(-1, vectors.shape[1], -1))  # (c, n, rank)
-    # The shift on the subspace, pinv(D[:-1]) D[1:]: D's columns are orthonormal, so D[:-1]^T D[:-1] = I - u u^T
-    # with u = D[-1] (small: the tail has decayed there), inverted by Sherman-Morrison.
-    last = dominant[:, -1:, :].mT                                                        # (c, rank, 1)
-    shifted = dominant[:, :-1].mT @ dominant[:, 1:]
+    return realisation_poles(dominant)
+
+
+def realisation_poles(dominant: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(poles, used)`` (..., modes) of the shift on each subspace ``dominant`` (..., n, r) with orthonormal
+    columns (Kung: the eigenvalues of ``pinv(D[:-1]) D[1:]``), keeping the real and upper-half ones (see
+    :func:`hankel_poles`)."""
+    # D's columns are orthonormal, so D[:-1]^T D[:-1] = I - u u^T with u = D[-1] (small: the tail has decayed there),
+    # inverted by Sherman-Morrison.
+    last = dominant[..., -1:, :].mT                                                      # (..., rank, 1)
+    shifted = dominant[..., :-1, :].mT @ dominant[..., 1:, :]
     shift = shifted + last @ (last.mT @ shifted) / (1 - last.mT @ last)
     poles = torch.linalg.eigvals(shift)
     poles = torch.where(poles.isfinite(), poles, torch.full_like(poles, 0.5))  # a degenerate shift: the bound says
     real = poles.imag.abs() <= 1e-9 * poles.abs().clamp(min=1e-300)
     poles = torch.where(real, poles.real.to(poles.dtype), poles)
     keep = real | (poles.imag > 0)
-    order = (~keep).to(torch.int8).argsort(dim=1, stable=True)   # kept poles first
-    modes = int(keep.sum(1).max())
-    poles, keep = poles.gather(1, order)[:, :modes], keep.gather(1, order)[:, :modes]
+    order = (~keep).to(torch.int8).argsort(dim=-1, stable=True)   # kept poles first
+    modes = int(keep.sum(-1).max())
+    poles, keep = poles.gather(-1, order)[..., :modes], keep.gather(-1, order)[..., :modes]
     poles = torch.where(keep, poles, torch.full_like(poles, 0.5))  # placeholders: zero residues
     magnitude = poles.abs()
     poles = torch.where(magnitude < 1, poles, poles / magnitude * (1 - 1e-6))
@@ -180,9 +187,13 @@ def fit_residues(samples: torch.Tensor, poles: torch.Tensor, used: torch.Tensor 
 
 def modal_values(poles: torch.Tensor, residues: torch.Tensor, start: int, count: int) -> torch.Tensor:
     """``Re(sum_j residues z_j**m)`` for ``m = start .. start + count - 1``, (channels, count), in the dtype of
-    ``poles``: per channel one product of the residue-weighted coarse powers with the fine ones
-    (:func:`power_grid`)."""
+    ``poles`` (channels, modes), or (1, modes) when every channel shares them: per channel one product of the
+    residue-weighted coarse powers with the fine ones (:func:`power_grid`); for shared poles one product of the powers
+    with every channel's residues."""
     coarse, fine = power_grid(poles, start, count)
+    if poles.shape[0] == 1 < residues.shape[0]:
+        powers = (coarse[0, :, None] * fine[0, None]).reshape(-1, poles.shape[1])[:count]   # (count, modes)
+        return residues.real @ powers.real.mT - residues.imag @ powers.imag.mT  # (the real part alone)
     values = (coarse * residues[:, None]) @ fine.mT                                     # (c, M, B)
     return values.real.reshape(poles.shape[0], -1)[:, :count]
 
@@ -198,7 +209,7 @@ def exact_horizon(mixer: TokenMixer, supremum: torch.Tensor, l1_floor: torch.Ten
     """The lag ``L`` after which the closed-form bound of the true kernel, ``S gamma**L / (1 - gamma)``, is below
     ``TAIL_SHARE * tolerance`` of the kernel's l1 norm in every channel (at most ``MAX_EXACT_LAGS``)."""
     gamma = mixer.ssm_kernel_decay()
-    ratio = float((supremum / l1_floor).max()) / (1 - gamma)
+    ratio = float(torch.where(supremum > 0, supremum / l1_floor, 0.0).max()) / (1 - gamma)  # a zero kernel: 0
     target = TAIL_SHARE * tolerance
     if ratio <= target:
         return 1
@@ -214,18 +225,22 @@ def certified_bound(mixer: TokenMixer, poles: torch.Tensor, residues: torch.Tens
     supremum = tail_rpe(mixer).supremum_bound().to(device)
     if channels is not None:
         supremum = supremum[channels]
-    horizon = exact_horizon(mixer, supremum, taps.abs().sum(0), tolerance)
+    absolute = taps.abs()
+    horizon = exact_horizon(mixer, supremum, absolute.sum(0), tolerance)
     if horizon > taps.shape[0]:
         more = float64_taps(mixer, torch.arange(taps.shape[0], horizon, device=device))
         taps = torch.cat([taps, more if channels is None else more[:, channels]])
+        absolute = taps.abs()
     horizon = max(horizon, window)
-    error = (taps[window:horizon].t() - modal_values(poles, residues, 0, horizon - window)).abs().sum(1)
-    l1 = taps[:horizon].abs().sum(0)
+    error = (modal_values(poles, residues, 0, horizon - window) - taps[window:horizon].t()).abs_().sum(1)
+    l1 = absolute[:horizon].sum(0)
     gamma = mixer.ssm_kernel_decay()
     kernel_beyond = supremum * gamma**horizon / (1 - gamma)
     magnitude = poles.abs()
     modes_beyond = (residues.abs() * magnitude ** (horizon - window) / (1 - magnitude)).sum(-1)
-    return (error + kernel_beyond + modes_beyond) / l1
+    total = error + kernel_beyond + modes_beyond
+    # A channel whose kernel is zero everywhere (S = 0) is exact when its modes are zero too.
+    return torch.where(l1 > 0, total / l1, torch.where(total > 0, math.inf, 0.0))
 
 
 def fit_modal_tail(mixer: TokenMixer, window: int, rank: int, tolerance: float, device: torch.device,
@@ -260,76 +275,3 @@ def fit_modal_tail(mixer: TokenMixer, window: int, rank: int, tolerance: float, 
 def residue_reach(mixer: TokenMixer) -> int:
     """The tail lags over which the residues are fitted by default: those where ``gamma**k`` exceeds 2**-30."""
     return min(MAX_EXACT_LAGS, math.ceil(math.log(2.0**-30) / math.log(mixer.ssm_kernel_decay())))
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One fit of the ladder: its window, realisation rank, and the effort of :func:`fit_modal_tail` (tail lags for
-    the poles, for the residues (None: the default reach), power steps)."""
-
-    window: int
-    rank: int
-    pole_span: int = 1200
-    residue_span: int | None = None
-    power_steps: int = 1
-
-
-# The fits tried, in order, on the channels whose bound still exceeds the tolerance, chosen by measurement on the
-# benchmark model (dense small preset, hidden 256, gamma 0.99; docs/compact-decoding.md). The first runs on every
-# channel, so it is the cheap one (half the lags, no power step); the few channels it leaves uncertified get the
-# careful fit at the same size, then larger ones.
-FIT_LADDER = (Rung(32, 32, pole_span=800, residue_span=800, power_steps=0), Rung(32, 32), Rung(32, 48),
-              Rung(64, 48), Rung(96, 64))
-
-
-def compact_tail(mixer: TokenMixer, tolerance: float, device: torch.device) -> ModalTail:
-    """The modal tail decoding uses: the fits of ``FIT_LADDER`` in turn, each on the channels not yet certified,
-    every channel keeping its smallest bound, until all meet ``tolerance`` or the ladder ends."""
-    reach = residue_reach(mixer)
-    longest = max(rung.window + max(rung.pole_span, rung.residue_span or reach) for rung in FIT_LADDER)
-    taps = float64_taps(mixer, torch.arange(longest, device=device))  # every rung's samples, once
-    best = None
-    for rung in FIT_LADDER:
-        failing = None if best is None else (best.bound > tolerance).nonzero()[:, 0]
-        if failing is not None and len(failing) == 0:
-            break
-        fit = fit_modal_tail(mixer, rung.window, rung.rank, tolerance, device, channels=failing, taps=taps,
-                             pole_span=rung.pole_span, residue_span=rung.residue_span, power_steps=rung.power_steps)
-        best = fit if best is None else _merged(best, fit, failing)
-    if best.window != FIT_LADDER[0].window:
-        # Widening re-rounded some residues to complex64: certify the constants decoding will use.
-        bound = certified_bound(mixer, best.poles.to(torch.complex128), best.residues.to(torch.complex128),
-                                best.window, tolerance, taps)
-        best = ModalTail(window=best.window, poles=best.poles, residues=best.residues, bound=bound,
-                         tolerance=tolerance)
-    return best
-
-
-def _widened(tail: ModalTail, window: int) -> ModalTail:
-    """The same kernel with a longer exact window: lags ``tail.window .. window - 1`` move from the modes to the
-    window (exact, so the bound still holds) and the modes start ``window - tail.window`` lags later
-    (``c z**k`` -> ``c z**shift z**(k - shift)``)."""
-    shift = window - tail.window
-    if shift == 0:
-        return tail
-    residues = tail.residues.to(torch.complex128) * pole_powers(tail.poles, shift, torch.complex128)
-    return ModalTail(window=window, poles=tail.poles, residues=residues.to(torch.complex64), bound=tail.bound,
-                     tolerance=tail.tolerance)
-
-
-def _merged(best: ModalTail, refit: ModalTail, channels: torch.Tensor) -> ModalTail:
-    """``best`` with ``channels`` taken from ``refit`` where that lowers their bound; one window (the longer) and one
-    mode count (the larger; padding modes have zero residues) for the whole layer."""
-    window = max(best.window, refit.window)
-    best, refit = _widened(best, window), _widened(refit, window)
-    modes = max(best.modes, refit.modes)
-    pad = torch.nn.functional.pad
-    poles = pad(best.poles, (0, modes - best.modes), value=0.5)
-    residues = pad(best.residues, (0, modes - best.modes))
-    bound = best.bound.clone()
-    better = refit.bound < bound[channels]
-    chosen = channels[better]
-    poles[chosen] = pad(refit.poles, (0, modes - refit.modes), value=0.5)[better]
-    residues[chosen] = pad(refit.residues, (0, modes - refit.modes))[better]
-    bound[chosen] = refit.bound[better]
-    return ModalTail(window=window, poles=poles, residues=residues, bound=bound, tolerance=best.tolerance)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from .decoding_compact import CompactState
-from .decoding_modal_fit import ModalTail, compact_tail
+from .decoding_fit_ladder import compact_tail
+from .decoding_modal_fit import ModalTail
 from .decoding_ssm import SsmState, ssm_constants
 from .decoding_state import DecodingState
 from .decoding_window import WindowState

@@ -213,6 +213,18 @@ def test_clear_fits_drops_the_memoised_modal_tail():
     assert all(not m._eval_cache for m in mixers) and not model.training
 
 
+def test_compact_fit_trains_briefly_on_bytes_and_leaves_the_model_in_eval(tmp_path, monkeypatch):
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text("To be, or not to be, that is the question. " * 40)
+    monkeypatch.setenv("TNN_DATA_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = TnnForCausalLM(tiny_config("dense", causal=True, vocab_size=256))
+    before = model.model.layers[0].gtu.token_mixer.rpe.out_proj.weight.detach().clone()
+    record = compact_fit.train_briefly(model, steps=3)
+    assert record["train_steps"] == 3 and record["first_loss"] > 0 and not model.training
+    assert not torch.equal(before, model.model.layers[0].gtu.token_mixer.rpe.out_proj.weight)
+
+
 # -- what make bench runs, and the rule that timing lives in the harness -------------------------------------------
 
 
