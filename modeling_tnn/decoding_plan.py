@@ -76,9 +76,9 @@ def plan_source(mode: str, mixer: TokenMixer, settings: PlanSettings, device: to
 
 def fit_plan(model: torch.nn.Module, tolerance: float | None = None) -> dict[str, ModalTail]:
     """Every layer's tail for ``tolerance`` (given: it becomes the config's ``compact_tolerance``, what caches
-    use; default that field) on its mixer's device, now
-    (a shipped plan that matches the weights is taken as it is), with a progress bar over the layers: what
-    ``save_pretrained`` then writes beside the weights. Returns the tails by mixer name."""
+    use; default that field) on its mixer's device, now (a shipped plan that matches the weights is taken as it
+    is), with a progress bar over the layers: what ``save_pretrained`` then writes beside the weights. Returns the
+    tails by mixer name."""
     from transformers.utils import logging
 
     if tolerance is not None:

@@ -99,10 +99,10 @@ def shipped_or_fitted(mixer: TokenMixer, tolerance: float, device: torch.device,
 
 
 def plan_mixers(model: nn.Module) -> dict[str, TokenMixer]:
-    """The mixers that offer a modal tail, by their name in the base model (the same for every head)."""
+    """The causal mixers that offer a modal tail, by their name in the base model (the same for every head)."""
     base = getattr(model, "base_model", model)
     return {name: module for name, module in base.named_modules()
-            if isinstance(module, TokenMixer) and module.modal_tail_rpe() is not None}
+            if isinstance(module, TokenMixer) and module.causal and module.modal_tail_rpe() is not None}
 
 
 def current_plan(mixer: TokenMixer, tolerance: float) -> LayerPlan | None:
@@ -139,8 +139,9 @@ def write_plan_file(model: nn.Module, directory: str | os.PathLike, tolerance: f
                    torch.view_as_real(tail.residues.detach().to("cpu", torch.complex64)).contiguous(),
                    tail.bound.detach().to("cpu", torch.float64).contiguous()]
         tensors.update(zip((f"{name}.poles", f"{name}.residues", f"{name}.bound"), numbers))
-        layers[name] = dict(window=int(tail.window), tolerance=float(tail.tolerance), fingerprint=plan.fingerprint,
-                            structure=structure(mixer), digest=_digest(int(tail.window), float(tail.tolerance), numbers))
+        window, fitted_for = int(tail.window), float(tail.tolerance)
+        layers[name] = dict(window=window, tolerance=fitted_for, fingerprint=plan.fingerprint,
+                            structure=structure(mixer), digest=_digest(window, fitted_for, numbers))
     path = Path(directory) / PLAN_FILE
     if not layers:
         path.unlink(missing_ok=True)  # a plan left by an earlier save would belong to other weights

@@ -105,6 +105,15 @@ def test_a_dtype_change_refits_every_layer(saved, fits):
     assert _sources(rows) == ["refitted", "refitted"] and len(fits) == 2
 
 
+def test_a_lora_merge_refits_the_layers_it_changes(saved, fits):
+    peft = pytest.importorskip("peft", reason="peft is a dev dependency: pip install -e '.[dev]'")
+    model = _load(saved)
+    lora = peft.get_peft_model(model, peft.LoraConfig(target_modules=["pos_proj"], r=2, init_lora_weights=False))
+    merged = lora.merge_and_unload().eval()
+    rows = _decode_against_no_cache(merged)
+    assert _sources(rows) == ["refitted", "refitted"] and len(fits) == 2
+
+
 def test_a_folder_without_a_plan_fits_lazily_as_before(tmp_path, fits):
     _model().save_pretrained(tmp_path)  # never fitted: nothing to write
     assert not (tmp_path / PLAN_FILE).exists()

@@ -90,12 +90,17 @@ def measure_loaded(args: argparse.Namespace) -> dict:
         out = model(torch.randint(3, model.config.vocab_size, (1, FIRST_FORWARD_TOKENS)), use_cache=True)
     first = CLOCK() - start
     result = dict(startup_seconds=round(started - args.spawned_at, 3), load_seconds=round(loaded, 3),
-                  load_and_first_forward_seconds=round(first, 3), first_forward_sources=sources(getattr(out, CACHE_FIELD)),
+                  load_and_first_forward_seconds=round(first, 3),
+                  first_forward_sources=sources(getattr(out, CACHE_FIELD)),
                   shipped=decode_check(model, args.prompt, args.new_tokens))
     layer = model.config.num_hidden_layers // 2
+    probe = torch.randint(3, model.config.vocab_size, (1, FIRST_FORWARD_TOKENS))
     with torch.no_grad():  # one kernel weight, as a finetuning step would change it
+        before = model(probe, use_cache=False).logits
         model.model.layers[layer].gtu.token_mixer.rpe.out_proj.weight[0, 0] += 0.05
-    result.update(edited_layer=layer, edited=decode_check(model, args.prompt, args.new_tokens))
+        moved = (model(probe, use_cache=False).logits - before).abs().max().item()
+    result.update(edited_layer=layer, edit_moved_logits_by=moved,
+                  edited=decode_check(model, args.prompt, args.new_tokens))
     return result
 
 
@@ -108,7 +113,8 @@ def verdicts(args: argparse.Namespace, loaded: dict) -> dict[str, bool]:
         "every layer 'checkpoint' (no fit)": loaded["first_forward_sources"] == ["checkpoint"] * layers
         and loaded["shipped"]["plan_source"] == ["checkpoint"] * layers,
         f"decoding within {args.atol:g} (shipped plan)": loaded["shipped"]["max_abs_logit_difference"] <= args.atol,
-        "only the edited layer 'refitted'": loaded["edited"]["plan_source"] == expected_edit,
+        "only the edited layer 'refitted'": loaded["edited"]["plan_source"] == expected_edit
+        and loaded["edit_moved_logits_by"] > 0,
         f"decoding within {args.atol:g} (after the edit)": loaded["edited"]["max_abs_logit_difference"] <= args.atol,
     }
 
@@ -124,7 +130,9 @@ def render(saved: dict, loaded: dict, passed: dict[str, bool]) -> str:
             ("plan_source after loading", ", ".join(map(str, loaded["first_forward_sources"]))),
             ("decode vs no-cache forward, largest logit difference",
              f"{loaded['shipped']['max_abs_logit_difference']:.2e} (relative {loaded['shipped']['relative']:.1e})"),
-            (f"layer {loaded['edited_layer']} edited: plan_source", ", ".join(map(str, loaded["edited"]["plan_source"]))),
+            (f"layer {loaded['edited_layer']} edited (no-cache logits moved by "
+             f"{loaded['edit_moved_logits_by']:.1e}): plan_source",
+             ", ".join(map(str, loaded["edited"]["plan_source"]))),
             ("after the edit: prefill (refits that layer)", f"{loaded['edited']['prefill_seconds']:.2f} s"),
             ("after the edit: largest logit difference",
              f"{loaded['edited']['max_abs_logit_difference']:.2e} (relative {loaded['edited']['relative']:.1e})")]
@@ -161,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         fit = CLOCK() - start
         start = CLOCK()
         model.save_pretrained(folder)
-        saved = dict(parameters=model.num_parameters(), fit_seconds=round(fit, 2), save_seconds=round(CLOCK() - start, 3),
+        saved = dict(parameters=model.num_parameters(), fit_seconds=round(fit, 2),
+                     save_seconds=round(CLOCK() - start, 3),
                      plan_bytes=(Path(folder) / "decoding_plan.safetensors").stat().st_size)
         del model
         child = subprocess.run([sys.executable, "-m", __name__, *argv, "--load", folder, "--spawned_at",
