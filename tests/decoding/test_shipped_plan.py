@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import pickle
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -87,6 +89,33 @@ def test_saved_plan_loads_and_the_first_cached_forward_fits_nothing(saved, fits)
     assert fits == []
     assert _sources(rows) == ["checkpoint"] * model.config.num_hidden_layers
     assert [row["plan"] for row in rows] == ["compact"] * model.config.num_hidden_layers
+
+
+def test_generate_from_the_saved_folder_fits_nothing(saved, fits):
+    model = _load(saved)
+    ids = torch.randint(1, model.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        cached = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        uncached = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0, use_cache=False)
+    assert fits == [] and torch.equal(cached, uncached)
+
+
+def test_push_to_hub_uploads_the_plan_too(saved, tmp_path, monkeypatch):
+    """transformers uploads inside save_pretrained, before a file written after it: save_pretrained(push_to_hub=True)
+    uploads through push_to_hub instead, whose folder holds the plan (the Hub client patched: nothing leaves)."""
+    import transformers.utils.hub as hub
+
+    model = _load(saved)
+    uploads = []
+    monkeypatch.setattr(hub, "hf_api", lambda: SimpleNamespace(create_repo=lambda repo_id, **_: SimpleNamespace(
+        repo_id=repo_id)))
+    monkeypatch.setattr(hub, "create_and_tag_model_card", lambda *a, **k: SimpleNamespace(save=lambda path: None))
+    monkeypatch.setattr(type(model), "_upload_modified_files", lambda self, folder, repo_id, **kwargs: uploads.append(
+        (repo_id, kwargs["commit_message"], sorted(p.name for p in Path(folder).iterdir()))))
+    model.save_pretrained(tmp_path, push_to_hub=True, repo_id="org/tiny", commit_message="with its plan")
+    assert (tmp_path / PLAN_FILE).is_file()
+    assert len(uploads) == 1 and uploads[0][:2] == ("org/tiny", "with its plan")
+    assert {PLAN_FILE, "model.safetensors", "config.json"} <= set(uploads[0][2])
 
 
 def test_a_changed_kernel_weight_refits_that_layer_only(saved, fits):
