@@ -231,9 +231,9 @@ def load_plan_file(model: nn.Module | tuple, source: str | os.PathLike | None, k
     for name, plan in plans.items():
         object.__setattr__(mixers[name], SHIPPED_ATTRIBUTE, plan)
     if problems:
-        warnings.warn(f"{PLAN_FILE} of {source}: not used for {len(mixers) - len(plans)} of {len(mixers)} layers, "
-                      f"which fit their decoding plan at their first cached forward instead. "
-                      + "; ".join(problems), UserWarning, stacklevel=3)
+        warnings.warn(f"{PLAN_FILE} of {source}: used for {len(plans)} of {len(mixers)} layers; the others fit "
+                      f"their decoding plan at their first cached forward. " + "; ".join(problems),
+                      UserWarning, stacklevel=3)
 
 
 def save_with_plan(save: Callable[..., Any], model: nn.Module, directory: str | os.PathLike, *args, **kwargs) -> Any:

@@ -106,10 +106,8 @@ class TnnPreTrainedModel(PreTrainedModel):
         return model
 
     def fit_decoding_plan(self, tolerance: float | None = None) -> dict:
-        """Fit every layer's compact decoding plan now (for ``tolerance``, which becomes ``config.compact_tolerance``;
-        default that field) instead of at the first cached forward, e.g. before publishing: ``save_pretrained``
-        then writes it beside the weights and ``from_pretrained`` decodes without fitting. Returns the fitted tails
-        (:class:`~modeling_tnn.decoding_modal_fit.ModalTail`) by mixer name."""
+        """Fit every layer's decoding plan now (:func:`~modeling_tnn.decoding_plan.fit_plan`; ``tolerance`` becomes
+        ``config.compact_tolerance``), e.g. before publishing: ``save_pretrained`` then ships it."""
         return fit_plan(self, tolerance)
 
 
