@@ -121,8 +121,11 @@ def test_push_to_hub_uploads_the_plan_too(saved, tmp_path, monkeypatch):
 def test_a_changed_kernel_weight_refits_that_layer_only(saved, fits):
     model = _load(saved)
     mixer = model.model.layers[1].gtu.token_mixer
+    probe = torch.randint(1, model.config.vocab_size, (1, 16))
     with torch.no_grad():
-        mixer.rpe.out_proj.weight[0, 0] += 0.25  # an edit after loading, as a finetuning step makes
+        before = model(probe, use_cache=False).logits
+        mixer.rpe.out_proj.bias[0] += 0.25  # an edit after loading, as a finetuning step makes
+        assert not torch.allclose(model(probe, use_cache=False).logits, before)  # the kernel really changed
     rows = _decode_against_no_cache(model)
     assert fits == [mixer]
     assert _sources(rows) == ["checkpoint", "refitted"]

@@ -5,8 +5,8 @@
 2. a fresh process (``--load FOLDER``): ``from_pretrained`` plus the first cached forward of 64 tokens (timed, loading
    included; the interpreter's start and imports timed apart), every layer's ``plan_source``; then ``--new_tokens``
    greedy tokens after a ``--prompt``-token prompt, every logit against the no-cache forward of the whole sequence;
-   then one kernel weight of the middle layer changed: that layer must report ``"refitted"``, the others
-   ``"checkpoint"``, and decoding must still match.
+   then one kernel parameter of the middle layer changed (its RPE's output bias of channel 0, which moves the
+   logits): that layer must report ``"refitted"``, the others ``"checkpoint"``, and decoding must still match.
 
 A layer whose ``plan_source`` is ``"checkpoint"`` ran no fit (the planner fits only otherwise), so the fits of a
 forward are its rows of another source. Pass: load + first forward under ``--target_seconds``, every layer
@@ -95,9 +95,11 @@ def measure_loaded(args: argparse.Namespace) -> dict:
                   shipped=decode_check(model, args.prompt, args.new_tokens))
     layer = model.config.num_hidden_layers // 2
     probe = torch.randint(3, model.config.vocab_size, (1, FIRST_FORWARD_TOKENS))
-    with torch.no_grad():  # one kernel weight, as a finetuning step would change it
+    with torch.no_grad():  # one kernel parameter, as a finetuning step would change it
         before = model(probe, use_cache=False).logits
-        model.model.layers[layer].gtu.token_mixer.rpe.out_proj.weight[0, 0] += 0.05
+        # The RPE's output bias of channel 0: it moves that channel's kernel at every lag (an output weight may meet
+        # a hidden unit the ReLU keeps at zero, and change nothing).
+        model.model.layers[layer].gtu.token_mixer.rpe.out_proj.bias[0] += 0.05
         moved = (model(probe, use_cache=False).logits - before).abs().max().item()
     result.update(edited_layer=layer, edit_moved_logits_by=moved,
                   edited=decode_check(model, args.prompt, args.new_tokens))
