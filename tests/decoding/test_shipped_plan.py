@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from modeling_tnn import TnnForCausalLM
+from modeling_tnn import TnnForCausalLM, TnnModel
 from modeling_tnn import decoding_plan
 from modeling_tnn.decoding_cache import TnnCache
 from modeling_tnn.decoding_plan_file import PLAN_FILE, PLAN_FORMAT, weights_fingerprint
@@ -89,6 +89,16 @@ def test_saved_plan_loads_and_the_first_cached_forward_fits_nothing(saved, fits)
     assert fits == []
     assert _sources(rows) == ["checkpoint"] * model.config.num_hidden_layers
     assert [row["plan"] for row in rows] == ["compact"] * model.config.num_hidden_layers
+
+
+def test_the_backbone_alone_loads_the_plan_of_a_causal_lm_folder(saved, fits):
+    """Plans are named in the base model, so AutoModel (TnnModel) of a causal LM's folder reads them too."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backbone = TnnModel.from_pretrained(saved).eval()
+    with torch.no_grad():
+        out = backbone(torch.ones(1, 6, dtype=torch.long), use_cache=True)
+    assert _sources(getattr(out, CACHE_FIELD).describe()) == ["checkpoint", "checkpoint"] and fits == []
 
 
 def test_generate_from_the_saved_folder_fits_nothing(saved, fits):
