@@ -240,7 +240,8 @@ def save_with_plan(save: Callable[..., Any], model: nn.Module, directory: str | 
     """``save(directory, ...)`` (PreTrainedModel.save_pretrained), then the plan file beside the weights. With
     ``push_to_hub=True`` the upload follows the plan file (transformers' own upload would run before it)."""
     push = kwargs.pop("push_to_hub", False)
-    hub = {key: kwargs.pop(key) for key in ("repo_id", "commit_message", "create_pr", "private") if key in kwargs}
+    hub = {key: kwargs.pop(key) for key in ("repo_id", "commit_message", "create_pr", "private")
+           if push and key in kwargs}
     result = save(directory, *args, **kwargs)
     if kwargs.get("is_main_process", True):
         write_plan_file(model, directory)
