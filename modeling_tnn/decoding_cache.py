@@ -14,7 +14,7 @@ import torch
 from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from .configuration_tnn import GENERATION_CACHE_MODES
-from .decoding_plan import PLANNERS, PlanSettings
+from .decoding_plan import PLANNERS, PlanSettings, plan_source
 from .decoding_state import STATE_CLASSES, DecodingState
 from .mixer_base import TokenMixer
 from .runtime import compute_dtype
@@ -31,6 +31,7 @@ class TnnCacheLayer(LinearAttentionCacheLayerMixin):
     def __init__(self):
         super().__init__(number_of_states=2)
         self.state: DecodingState | None = None
+        self.plan_source: str | None = None  # where the layer's modal tail came from (TnnCache.describe)
 
     def state_bytes(self) -> int:
         """Bytes of this layer's decoding state, the whole batch."""
@@ -127,13 +128,17 @@ class TnnCache(Cache):
     def describe(self) -> list[dict]:
         """One dict per layer: ``plan`` (``"window"``, ``"ssm"``, ``"compact"``; None before the first forward),
         ``window`` (lags kept exactly), ``modes``, ``state_bytes`` (the whole batch) and ``error_bound`` (the
-        certified relative l1 error of the layer's kernel, its largest channel's; None where the plan is exact)."""
+        certified relative l1 error of the layer's kernel, its largest channel's; None where the plan is exact) and
+        ``plan_source`` (where the modal tail the plan was chosen from came from: ``"checkpoint"``, the plan saved
+        with the weights; ``"fitted"``; ``"refitted"``, a saved plan whose weights have changed since; None where no
+        tail was read: the ``"exact"`` and ``"etsc"`` modes, or a mixer that offers none)."""
         rows = []
         for layer in self.layers:
             row = (dict(plan=None, window=None, modes=None, error_bound=None) if layer.state is None
                    else layer.state.describe())
             rows.append(dict(plan=row["plan"], window=row["window"], modes=row["modes"],
-                             state_bytes=layer.state_bytes(), error_bound=row["error_bound"]))
+                             state_bytes=layer.state_bytes(), error_bound=row["error_bound"],
+                             plan_source=layer.plan_source))
         return rows
 
     def advance(self, tokens: int) -> None:
@@ -162,6 +167,7 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
     state = layer.state
     if state is None:
         state = layer.state = PLANNERS[cache.mode].choose(mixer, cache.settings, v.device, compute_dtype(v.dtype))
+        layer.plan_source = plan_source(cache.mode, mixer, cache.settings, v.device)
     if not layer.has_previous_state[0]:
         # Prefill: the parallel FFT path over the prompt, and the state at its end directly from the prompt.
         if cache.seen_counter is None:
@@ -183,7 +189,7 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
 def _layer_context(layer: TnnCacheLayer):
     state = layer.state
     numbers = None if state is None else (state.PLAN, tuple(state.numbers().items()))
-    return numbers, layer.has_previous_state[0]
+    return numbers, layer.has_previous_state[0], layer.plan_source
 
 
 def _flatten_cache(cache: TnnCache):
@@ -203,7 +209,8 @@ def _unflatten_cache(children, context) -> TnnCache:
     cache.mode, cache.settings = mode, PlanSettings(etsc_length, tolerance)
     cache._seen, cache._warned, cache._declared_fixed = seen, warned, declared_fixed
     cache.seen_counter, children = children[0], children[1:]
-    for layer, (numbers, has_state) in zip(cache.layers, layers):
+    for layer, (numbers, has_state, source) in zip(cache.layers, layers):
+        layer.plan_source = source
         state_class = None if numbers is None else STATE_CLASSES[numbers[0]]
         width = 2 + (0 if state_class is None else len(state_class.CONSTANTS))
         (window, modes, *constants), children = children[:width], children[width:]
@@ -219,14 +226,14 @@ def _unflatten_cache(children, context) -> TnnCache:
 def _dumpable_context(context) -> str:
     mode, etsc_length, tolerance, seen, warned, declared_fixed, layers = context
     return json.dumps([mode, etsc_length, tolerance, int(seen), warned, declared_fixed,
-                       [[numbers, has] for numbers, has in layers]])
+                       [[numbers, has, source] for numbers, has, source in layers]])
 
 
 def _loaded_context(dumped: str):
     mode, etsc_length, tolerance, seen, warned, declared_fixed, layers = json.loads(dumped)
     return (mode, etsc_length, tolerance, seen, warned, declared_fixed,
-            tuple((None if numbers is None else (numbers[0], tuple(map(tuple, numbers[1]))), has)
-                  for numbers, has in layers))
+            tuple((None if numbers is None else (numbers[0], tuple(map(tuple, numbers[1]))), has, source)
+                  for numbers, has, source in layers))
 
 
 torch.utils._pytree.register_pytree_node(

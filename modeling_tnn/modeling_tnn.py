@@ -23,6 +23,8 @@ from transformers.modeling_outputs import (
 from .checkpoint_layout import register_split_projection_loading
 from .configuration_tnn import TnnConfig
 from .decoding_cache import TnnCache
+from .decoding_plan import fit_plan
+from .decoding_plan_file import load_plan_file, save_with_plan
 from .input_validation import validate_model_inputs
 from .tnn_block import Dropout, TnnBlock, build_final_norm
 
@@ -90,9 +92,23 @@ class TnnPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save a Hub-ready folder: weights, config with an ``auto_map`` for every Auto class, and the model
-        code, so the folder loads with ``trust_remote_code=True`` where ``modeling_tnn`` is not installed."""
+        code, so the folder loads with ``trust_remote_code=True`` where ``modeling_tnn`` is not installed, and the
+        decoding plan of the layers fitted for these weights (``decoding_plan.safetensors``; see
+        :meth:`fit_decoding_plan`)."""
         self.config.auto_map = dict(AUTO_MAP)
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        return save_with_plan(super().save_pretrained, self, save_directory, *args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' loading, then the decoding plan saved beside the weights, used while they match it."""
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        load_plan_file(model, pretrained_model_name_or_path, kwargs)
+        return model
+
+    def fit_decoding_plan(self, tolerance: float | None = None) -> dict:
+        """Fit every layer's decoding plan now (:func:`~modeling_tnn.decoding_plan.fit_plan`; ``tolerance`` becomes
+        ``config.compact_tolerance``), e.g. before publishing: ``save_pretrained`` then ships it."""
+        return fit_plan(self, tolerance)
 
 
 class TnnModel(TnnPreTrainedModel):

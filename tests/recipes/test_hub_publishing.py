@@ -30,7 +30,7 @@ from modeling_tnn import (
     TnnForSequenceClassification,
     TnnForTokenClassification,
 )
-from modeling_tnn.modeling_tnn import AUTO_MAP
+from modeling_tnn.modeling_tnn import AUTO_MAP, CACHE_FIELD
 from modeling_tnn.recipes.glue import tasks as glue_tasks
 from modeling_tnn.recipes.hub import command as publish_command
 from modeling_tnn.recipes.hub import folder as hub_folder
@@ -185,7 +185,7 @@ def _expected_files(run: Path, name: str) -> set[str]:
     code = {p.name for p in run.glob("*.py")}  # save_pretrained wrote exactly the model code's import closure
     common = {"README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", *code}
     extra = {"clm": {"generation_config.json", "plots/eval_lengths.png", "plots/quality_tiny.png",
-                     "plots/training_loss.png"},
+                     "plots/training_loss.png", "decoding_plan.safetensors"},
              "mlm": set(), "rte": {"plots/training_loss.png"}, "ner": {"plots/training_loss.png"},
              "qa": {"plots/training_loss.png"}}
     return common | extra[name]
@@ -193,7 +193,8 @@ def _expected_files(run: Path, name: str) -> set[str]:
 
 def test_allow_list():
     for allowed in ("README.md", "config.json", "model.safetensors", "model-00001-of-00002.safetensors",
-                    "tokenizer.json", "modeling_tnn.py", "plots/loss.png", "generation_config.json"):
+                    "tokenizer.json", "modeling_tnn.py", "plots/loss.png", "generation_config.json",
+                    "decoding_plan.safetensors"):
         assert hub_folder.is_allowed(allowed), allowed
     for refused in [*EXCLUDED, "step_10/model.safetensors", "checkpoint-10/optimizer.pt", "runs/events.out",
                     ".cache/token", "plots/sub/a.png", "plots/notes.txt", "pytorch_model.bin", "sub/modeling_tnn.py"]:
@@ -231,6 +232,18 @@ def test_dry_run_folder_holds_only_the_allow_list(runs, published, name):
     # --card_dir got the card and its plots, never weights or code
     card_dir = folder.parent / "cards" / name
     assert set(hub_folder.list_folder(card_dir)) == {f for f in files if f == "README.md" or f.startswith("plots/")}
+
+
+def test_the_causal_folder_ships_the_decoding_plan_of_its_weights(published):
+    """publish.py fits the causal LM's plan (the run folder has none) and ships it: loaded from the Hub folder, its
+    first cached forward reads every layer's plan from the file; the FD masked LM offers none and ships none."""
+    folder, _ = published["clm"]
+    model = TnnForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.ones(1, 4, dtype=torch.long), use_cache=True)
+    rows = getattr(out, CACHE_FIELD).describe()
+    assert rows and [row["plan_source"] for row in rows] == ["checkpoint"] * len(rows)
+    assert not (published["mlm"][0] / "decoding_plan.safetensors").exists()
 
 
 def _metrics_by_key(card: ModelCard) -> dict[tuple[str, str | None], float]:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from modeling_tnn.decoding_plan_file import PLAN_FILE
 from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (every Auto class a TNN folder can expose)
 
 from ..common.run_files import TOKENIZER_FILES, WEIGHT_FILE, WEIGHT_INDEX
@@ -18,7 +19,7 @@ from .run_inspection import PublishError, RunInfo, eval_results_from_run
 # The allow-list: top-level file patterns, plus PNG plots one level down in plots/. Everything else (optimizer and
 # scheduler states, RNG states, checkpoints, training_args.bin, trainer_state.json, metrics and logs, caches, ...)
 # is refused by check_folder. "*.py" is narrowed further by build_hub_folder to the model code's import closure.
-ALLOWED_PATTERNS = ("README.md", "config.json", "generation_config.json", WEIGHT_FILE, WEIGHT_INDEX,
+ALLOWED_PATTERNS = ("README.md", "config.json", "generation_config.json", WEIGHT_FILE, WEIGHT_INDEX, PLAN_FILE,
                     "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors", "*.py",
                     *TOKENIZER_FILES, f"{PLOTS_DIR}/*.png")
 
@@ -132,6 +133,23 @@ def _check_weights_match_package(info: RunInfo) -> None:
                            "publish with --code run.")
 
 
+def write_decoding_plan(info: RunInfo, out_dir: Path) -> bool:
+    """Fit a causal run's decoding plan with the installed ``modeling_tnn`` (or take the run's own
+    ``decoding_plan.safetensors`` where it matches the weights) and write it into ``out_dir``, so that the published
+    model's first ``generate`` fits nothing. Returns whether a plan was written (not for a model whose mixers offer
+    no compact state: FD, a kernel that does not decay, a bidirectional model)."""
+    import modeling_tnn
+    from modeling_tnn.decoding_plan_file import plan_mixers, write_plan_file
+
+    if not info.causal or info.architecture not in ("TnnForCausalLM", "TnnModel"):
+        return False
+    model = getattr(modeling_tnn, info.architecture).from_pretrained(info.path).eval()
+    if not plan_mixers(model):
+        return False
+    model.fit_decoding_plan()
+    return write_plan_file(model, out_dir) is not None
+
+
 def build_hub_folder(info: RunInfo, out_dir: str | Path, repo_id: str, options: CardOptions | None = None,
                      code: str = "run", overwrite: bool = False) -> list[str]:
     """Write the Hub-ready folder for ``info`` into ``out_dir`` and return its file list (checked against the
@@ -174,6 +192,7 @@ def build_hub_folder(info: RunInfo, out_dir: str | Path, repo_id: str, options: 
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name in [*info.weight_files, *info.tokenizer_files]:
         shutil.copyfile(info.path / name, out / name)
+    write_decoding_plan(info, out)
     if info.causal and info.architecture in ("TnnForCausalLM", "TnnModel"):
         if (info.path / "generation_config.json").is_file():
             shutil.copyfile(info.path / "generation_config.json", out / "generation_config.json")
