@@ -285,3 +285,12 @@ def test_bench_compare_runs_two_commits_and_tables_both(tmp_path):
     assert "| small_gpt_step | causal tnn-dense |" in table and (tmp_path / "ab.png").is_file()
     worktrees = subprocess.run(["git", "-C", str(PROJECT_ROOT), "worktree", "list"], capture_output=True, text=True)
     assert "bench_compare_" not in worktrees.stdout  # the temporary checkouts are gone
+
+
+def test_the_data_folder_beside_the_checkout_is_found_without_the_environment_variable(monkeypatch):
+    from modeling_tnn.recipes.common import data_location
+
+    monkeypatch.delenv("TNN_DATA_DIR", raising=False)
+    assert data_location.PROJECT_ROOT == PROJECT_ROOT
+    beside = PROJECT_ROOT.parent / "shared" / "data"
+    assert data_location.find_data_dir() == (beside if beside.is_dir() else None)

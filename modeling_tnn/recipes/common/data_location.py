@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding modeling_tnn/ (an editable install)
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the checkout holding modeling_tnn/ (an editable install)
 
 
 def find_data_dir() -> Path | None:
