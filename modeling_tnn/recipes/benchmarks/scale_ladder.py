@@ -1,0 +1,398 @@
+"""The scale ladder: TNN from 6M to 350M parameters against a Llama of matched parameter count, one command.
+
+Rungs (``--rungs``): ``6M`` (the ``small`` preset at hidden 256, 4 layers, vocabulary 8,192: the decoding
+benchmark's model), ``48.7M`` (``wikitext103_lm``, the paper's LM), ``125M`` (that preset at hidden 768, 12 layers)
+and ``350M`` (hidden 1024, 24 layers); dropout 0, initial weights. Each against Llama from transformers at the
+TNN's width, depth and vocabulary, heads of 64 (as many KV heads: full attention), sdpa, tied embeddings, float32,
+its MLP width solved for the TNN's parameter count (:mod:`.reference_models`). One torch thread.
+
+Measured per rung, each rung in a fresh subprocess (its peak resident set is the rung's alone):
+
+* the compact fit: TNN's first cached forward (2 tokens) minus its second, and the plan it gives per layer;
+* prefill of ``--prefill_length`` tokens (batch 1, the forward that returns the decoding state), both models;
+* decode ms/token at every (batch, context): TNN with its default cache (``generation_cache="auto"``), Llama with
+  its default DynamicCache holding random keys and values of the context's length. A TNN state comes from a short
+  prefill with its token count then set to the context (a fixed-shape state, as the compact one, costs a step what
+  its shape says; a state whose shape grows is prefilled with min(context, 2,048) tokens instead). Rounds interleave
+  TNN and Llama; each timed step follows an untimed step of the same decoder, as in ``generate``; the prefill is
+  never timed here;
+* state bytes per sequence: the TNN cache's ``memory_bytes()`` at batch 1 (the sum of ``describe()``'s
+  ``state_bytes``), Llama's keys and values (2 x layers x KV heads x head dim x tokens x 4 bytes) at 256 tokens and
+  at each context;
+* training step (forward with the loss + backward + AdamW step and zero_grad, as ``bench_training``; the two parts
+  also timed apart) at each ``--lengths`` n, batch = max(1, tokens per step // n); rounds interleave TNN, Llama and
+  Llama with a free mixer: the same model and optimizer with its attention call (QK^T, softmax, the weighted sum of
+  V) replaced by ``q + k + v`` through transformers' attention interface (two elementwise adds, so every projection
+  keeps its gradient; rotary embedding, projections, norms, MLP, embeddings and the optimizer are unchanged). The
+  free-mixer bound is Llama's step over that step: the most any token mixer could gain over attention at that size;
+* memory: each model's parameter bytes, the peak of one warm training step over the resident set before it
+  (gradients, saved activations, temporaries; ``VmHWM`` after ``/proc/self/clear_refs``, Linux), and the rung
+  process's own peak resident set (``ru_maxrss``: everything above, the KV caches and the fit included).
+
+The targets of issue 29 part 5 are evaluated per rung from these numbers (see :mod:`.scale_ladder_report`).
+Rows a 2-core machine cannot finish in reasonable time, or whose state does not fit ``--max_kv_gb``, are dropped and
+listed with the reason. ``--quick`` runs two tiny rungs at toy lengths (a check that everything runs; the numbers
+mean nothing).
+
+    python run_scripts/bench_scale_ladder.py                       # make bench-ladder
+    python run_scripts/bench_scale_ladder.py --rungs 6M,48.7M --rounds 2
+    python run_scripts/bench_scale_ladder.py --quick --output_dir outputs/ladder_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AttentionInterface
+
+from modeling_tnn import TnnForCausalLM, load_preset
+from modeling_tnn.modeling_tnn import CACHE_FIELD
+
+from .generation import cache_bytes, kv_cache
+from .harness import CLOCK, command_line, interleaved, set_threads, time_once, workload
+from .reference_models import baseline_model, count_parameters, matched_mlp_width
+from .training import _env_with_package, _status_kb
+
+SCRIPT = "run_scripts/bench_scale_ladder.py"
+FREE_MIXER = "free_mixer"  # the attention-interface name of the zero-cost attention
+HEAD_DIM = 64
+STATE_PREFILL = 2048  # a TNN state whose shape grows is prefilled this far (every state is final by then)
+SHORT_PREFILL = 16  # tokens of the prefill that gives a fixed-shape state its final shape
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One size of the ladder: a TNN preset with overrides, the tokens of one training step, and rows dropped on
+    purpose (``{row key: reason}``; keys ``"train <n>"``, ``"prefill"``, ``"decode <model> <batch> <context>"``)."""
+
+    name: str
+    preset: str
+    overrides: dict = field(default_factory=dict)
+    tokens: int = 4096
+    drops: dict = field(default_factory=dict)
+
+
+RUNGS = {rung.name: rung for rung in (
+    Rung("6M", "small", dict(hidden_size=256, num_hidden_layers=4), tokens=8192),
+    Rung("48.7M", "wikitext103_lm", tokens=4096),
+    Rung("125M", "wikitext103_lm", dict(hidden_size=768, num_hidden_layers=12), tokens=2048),
+    Rung("350M", "wikitext103_lm", dict(hidden_size=1024, num_hidden_layers=24), tokens=2048),
+)}
+QUICK_RUNGS = {rung.name: rung for rung in (
+    Rung("tiny-32", "tiny", dict(vocab_size=256), tokens=2048),
+    Rung("tiny-64", "tiny", dict(hidden_size=64, num_hidden_layers=3, vocab_size=256), tokens=2048),
+)}
+# Toy sizes at the lengths the targets name: every table cell and target is filled, in seconds.
+QUICK = dict(prefill_length=256, rounds=1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rungs", default=None, help=f"comma list of {list(RUNGS)} (default: all; --quick: "
+                        f"{list(QUICK_RUNGS)})")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the decode and training timings")
+    parser.add_argument("--prefill_rounds", type=int, default=1)
+    parser.add_argument("--lengths", default="512,2048", help="training lengths n")
+    parser.add_argument("--contexts", default="256,2048,8192", help="decode prompt lengths")
+    parser.add_argument("--batches", default="1,8", help="decode batch sizes")
+    parser.add_argument("--prefill_length", type=int, default=2048)
+    parser.add_argument("--max_kv_gb", type=float, default=5.0,
+                        help="decode rows whose Llama KV cache (whole batch) is larger are dropped (the step's "
+                             "concatenation holds it twice)")
+    parser.add_argument("--quick", action="store_true", help="tiny rungs at toy lengths: checks that it all runs")
+    parser.add_argument("--isolate", type=int, default=1, help="1: each rung in a fresh subprocess (its own peak "
+                        "resident set); 0: in this process")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output_dir", default="results/bench_scale_ladder")
+    parser.add_argument("--rung_worker", default=None, help=argparse.SUPPRESS)  # "rung name:output json path"
+    args = parser.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    table = QUICK_RUNGS if args.quick else RUNGS
+    names = list(table) if args.rungs is None else args.rungs.split(",")
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"--rungs {unknown}: allowed values are {list(table)}" + (" (with --quick)" if args.quick
+                                                                                   else ""))
+    args.rung_list = [table[n] for n in names]
+    for key in ("lengths", "contexts", "batches"):
+        setattr(args, key, [int(v) for v in str(getattr(args, key)).split(",") if v.strip()])
+    if args.rounds < 1 or args.prefill_rounds < 0:
+        raise ValueError(f"--rounds must be at least 1 and --prefill_rounds at least 0, got {args.rounds}, "
+                         f"{args.prefill_rounds}.")
+    return args
+
+
+# -- models --------------------------------------------------------------------------------------------------------
+
+
+def tnn_config(rung: Rung):
+    return load_preset(rung.preset, dropout=0.0, **rung.overrides)
+
+
+def llama_sizes(config) -> dict:
+    """:func:`.reference_models.baseline_config`'s sizes for the Llama of a TNN config: its width, depth and
+    vocabulary, heads of 64, a rotary range past every context."""
+    return dict(vocab_size=config.vocab_size, hidden_size=config.hidden_size, layers=config.num_hidden_layers,
+                head_dim=HEAD_DIM, positions=1 << 17)
+
+
+def build_pair(rung: Rung, seed: int) -> tuple[TnnForCausalLM, torch.nn.Module]:
+    """The rung's TNN and its Llama of matched parameter count, both at their initial weights, in eval mode."""
+    config = tnn_config(rung)
+    torch.manual_seed(seed)
+    tnn = TnnForCausalLM(config).eval()
+    sizes = llama_sizes(config)
+    width = matched_mlp_width("llama", "causal", count_parameters(tnn), **sizes)
+    torch.manual_seed(seed)
+    return tnn, baseline_model("llama", "causal", mlp_width=width, **sizes).eval()
+
+
+def free_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention costing nothing: ``q + k + v`` in the layout attention returns (batch, n, heads, head dim), so that
+    every projection keeps its gradient; no scores, no softmax, no mask."""
+    return (query + key + value).transpose(1, 2), None
+
+
+AttentionInterface.register(FREE_MIXER, free_attention)
+
+
+def kv_bytes_per_sequence(llama, tokens: int) -> int:
+    """Llama's KV cache per sequence: keys and values of every layer, float32."""
+    c = llama.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * tokens * 4
+
+
+def describe_llama(llama) -> dict:
+    c = llama.config
+    return dict(hidden_size=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
+                kv_heads=c.num_key_value_heads, intermediate_size=c.intermediate_size,
+                attn_implementation=c._attn_implementation, tie_word_embeddings=c.tie_word_embeddings)
+
+
+# -- decoding ------------------------------------------------------------------------------------------------------
+
+
+def tnn_state(model: TnnForCausalLM, batch: int, context: int):
+    """TNN's default-cache state of ``batch`` sequences that have seen ``context`` tokens (see the module doc)."""
+    vocab = model.config.vocab_size
+    for prompt in (min(context, SHORT_PREFILL), min(context, STATE_PREFILL)):
+        out = model(input_ids=torch.randint(1, vocab, (batch, prompt)), use_cache=True, logits_to_keep=1)
+        cache = getattr(out, CACHE_FIELD)
+        if cache.is_compileable:  # every layer's state has its final shape
+            break
+    cache._seen_tokens = context  # the state of a longer context: same shape, a later position
+    return cache
+
+
+def decode_step(model, cache, batch: int):
+    token = torch.randint(1, model.config.vocab_size, (batch, 1))
+
+    def step():
+        model(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
+    return step
+
+
+def decode(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
+    """Per (context, batch, model): the median ms of one decode step and the state's bytes; one context at a time,
+    so that only that context's KV caches are held."""
+    rows = []
+    for context in args.contexts:
+        steps = {}
+        for batch in args.batches:
+            for name, model in (("tnn", tnn), ("llama", llama)):
+                key = f"decode {name} {batch} {context}"
+                kv = kv_bytes_per_sequence(llama, context) * batch
+                reason = rung.drops.get(key) or (
+                    f"KV cache {kv / 1e9:.1f} GB over --max_kv_gb {args.max_kv_gb:g}"
+                    if name == "llama" and kv > args.max_kv_gb * 1e9 else None)
+                if reason:
+                    dropped.append(dict(rung=rung.name, row=key, reason=reason))
+                    continue
+                cache = tnn_state(model, batch, context) if name == "tnn" else kv_cache(model, batch, context)
+                steps[name, batch] = (decode_step(model, cache, batch), cache_bytes(cache))
+        timings = interleaved({key: workload(step, before=step) for key, (step, _) in steps.items()},
+                              rounds=args.rounds, warmup=1, progress=f"{rung.name} decode at {context}")
+        for (name, batch), (_, state) in steps.items():
+            rows.append(dict(model=name, batch=batch, context=context, ms_per_token=timings[name, batch].median * 1e3,
+                             state_bytes=state, state_bytes_per_sequence=state // batch,
+                             **timings[name, batch].summary()))
+        del steps, timings
+        gc.collect()
+    return rows
+
+
+def fit(tnn: TnnForCausalLM) -> dict:
+    """The compact fit (first cached forward minus the second, both of 2 tokens) and the plan it chose."""
+    ids = torch.ones(1, 2, dtype=torch.long)
+    out, first = time_once(lambda: tnn(input_ids=ids, use_cache=True))
+    _, second = time_once(lambda: tnn(input_ids=ids, use_cache=True))
+    layers = getattr(out, CACHE_FIELD).describe()
+    bounds = [layer["error_bound"] for layer in layers if layer["error_bound"] is not None]
+    return dict(fit_s=first - second, first_cached_forward_s=first, second_cached_forward_s=second,
+                channels=tnn.config.num_hidden_layers * tnn.config.gtu_dim,
+                plans=[{key: layer[key] for key in ("plan", "window", "modes", "error_bound")} for layer in layers],
+                max_error_bound=max(bounds) if bounds else None)
+
+
+def prefill(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
+    """One forward over a ``prefill_length`` prompt that returns the decoding state (batch 1), interleaved rounds."""
+    if "prefill" in rung.drops or not args.prefill_rounds:
+        dropped.append(dict(rung=rung.name, row="prefill", reason=rung.drops.get("prefill", "--prefill_rounds 0")))
+        return []
+    ids = torch.randint(1, tnn.config.vocab_size, (1, args.prefill_length))
+    work = {name: workload(lambda m=model: m(input_ids=ids, use_cache=True, logits_to_keep=1))
+            for name, model in (("tnn", tnn), ("llama", llama))}
+    timings = interleaved(work, rounds=args.prefill_rounds, warmup=0, progress=f"{rung.name} prefill")
+    return [dict(model=name, tokens=args.prefill_length, seconds=t.median, **t.summary())
+            for name, t in timings.items()]
+
+
+# -- training ------------------------------------------------------------------------------------------------------
+
+
+def peak_reset() -> int | None:
+    """Reset the kernel's high-water mark of this process to its resident set; the resident set in kB (None where
+    the reset is refused: no per-step peak then)."""
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_kb("VmRSS")
+    except (OSError, RuntimeError):
+        return None
+
+
+def training_parts(model, n: int, batch: int, optimizer, seed: int, attention: str | None = None):
+    """(forward with the loss + backward, AdamW step + zero_grad), for a batch of random ids; ``attention`` (Llama
+    only) names the attention implementation set before each step."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=generator)
+
+    def forward_backward():
+        if attention is not None and model.config._attn_implementation != attention:
+            model.set_attn_implementation(attention)
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    def update():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return forward_backward, update
+
+
+def train(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
+    """Per n and model (TNN, Llama, Llama with a free mixer): the step's timings and peak over the resident set."""
+    rows = []
+    models = {"tnn": (tnn, None), "llama": (llama, "sdpa"), "llama free mixer": (llama, FREE_MIXER)}
+    optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-4) for m, _ in models.values()}
+    for model, _ in models.values():
+        model.train()
+    lengths = [n for n in args.lengths if f"train {n}" not in rung.drops]
+    dropped += [dict(rung=rung.name, row=f"train {n}", reason=rung.drops[f"train {n}"]) for n in args.lengths
+                if f"train {n}" in rung.drops]
+    primed = set()
+    for n in lengths:
+        batch = max(1, rung.tokens // n)
+        work, peaks = {}, {}
+        for name, (model, attention) in models.items():
+            forward_backward, update = training_parts(model, n, batch, optimizers[id(model)], args.seed, attention)
+            if id(model) not in primed:  # AdamW's state exists before any step is measured
+                forward_backward(), update()
+                primed.add(id(model))
+            baseline = peak_reset()  # the warm-up step, measured for its peak
+            forward_backward(), update()
+            peaks[name] = None if baseline is None else (_status_kb("VmHWM") - baseline) / 1024
+            work[name] = workload(forward_backward, update, names=("forward_backward", "optimizer"))
+        timings = interleaved(work, rounds=args.rounds, warmup=0, progress=f"{rung.name} training n={n}")
+        for name, timing in timings.items():
+            rows.append(dict(model=name, n=n, batch=batch, step_ms=timing.median * 1e3,
+                             tokens_per_s=batch * n / timing.median, step_peak_mb=peaks[name], **timing.summary()))
+        del work
+        gc.collect()
+    llama.set_attn_implementation("sdpa")
+    for model, _ in models.values():
+        model.eval()
+    return rows
+
+
+# -- one rung --------------------------------------------------------------------------------------------------------
+
+
+def measure_rung(args, rung: Rung) -> dict:
+    """Every measurement of one rung, in this process: fit, prefill and decode at the initial weights, then
+    training."""
+    started = CLOCK()
+    tnn, llama = build_pair(rung, args.seed)
+    config = tnn.config
+    record = dict(rung=rung.name, preset=rung.preset, overrides=rung.overrides, tokens_per_step=rung.tokens,
+                  parameters=dict(tnn=count_parameters(tnn), llama=count_parameters(llama)),
+                  parameter_bytes=dict(tnn=4 * count_parameters(tnn), llama=4 * count_parameters(llama)),
+                  tnn_config=dict(hidden_size=config.hidden_size, layers=config.num_hidden_layers,
+                                  vocab_size=config.vocab_size, gtu_dim=config.gtu_dim,
+                                  compact_tolerance=config.compact_tolerance),
+                  llama_config=describe_llama(llama),
+                  llama_kv_bytes_per_sequence={str(t): kv_bytes_per_sequence(llama, t)
+                                               for t in sorted({256, *args.contexts})})
+    dropped: list[dict] = []
+    print(f"{rung.name}: TNN {record['parameters']['tnn']:,} parameters, Llama {record['parameters']['llama']:,} "
+          f"(intermediate {llama.config.intermediate_size})", flush=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        record["fit"] = fit(tnn)
+        print(f"{rung.name}: compact fit {record['fit']['fit_s']:.1f} s", flush=True)
+        record["prefill"] = prefill(args, rung, tnn, llama, dropped)
+        record["decode"] = decode(args, rung, tnn, llama, dropped)
+    record["training"] = train(args, rung, tnn, llama, dropped)
+    record["dropped"] = dropped
+    record["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    record["seconds"] = round(CLOCK() - started, 1)
+    return record
+
+
+def run_rung(args, rung: Rung, argv: list[str]) -> dict:
+    """:func:`measure_rung` in a fresh subprocess (``--isolate 1``) or in this process."""
+    if not args.isolate:
+        return measure_rung(args, rung)
+    with tempfile.TemporaryDirectory() as folder:
+        output = Path(folder) / "rung.json"
+        command = [sys.executable, "-m", __spec__.name, *argv, "--rung_worker", f"{rung.name}:{output}"]
+        done = subprocess.run(command, env=_env_with_package())
+        if done.returncode != 0:
+            raise RuntimeError(f"rung {rung.name} failed (exit {done.returncode}); command: {command}")
+        return json.loads(output.read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    set_threads(args.threads)
+    if args.rung_worker:
+        name, output = args.rung_worker.split(":", 1)
+        record = measure_rung(args, next(r for r in args.rung_list if r.name == name))
+        Path(output).write_text(json.dumps(record))
+        return
+    from .scale_ladder_report import report
+
+    started = CLOCK()
+    records = []
+    for rung in args.rung_list:
+        records.append(run_rung(args, rung, argv))
+        print(f"== rung {rung.name} done in {records[-1]['seconds']:.0f} s", flush=True)
+    report(args, command_line(SCRIPT, argv), records, started)
+
+
+if __name__ == "__main__":
+    main()
