@@ -68,6 +68,7 @@ FREE_MIXER = "free_mixer"  # the attention-interface name of the zero-cost atten
 HEAD_DIM = 64
 STATE_PREFILL = 2048  # a TNN state whose shape grows is prefilled this far (every state is final by then)
 SHORT_PREFILL = 16  # tokens of the prefill that gives a fixed-shape state its final shape
+PARTS = ("fit", "prefill", "decode", "training")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Rung:
 
 RUNGS = {rung.name: rung for rung in (
     Rung("6M", "small", dict(hidden_size=256, num_hidden_layers=4), tokens=8192),
-    Rung("48.7M", "wikitext103_lm", tokens=4096),
+    Rung("48.7M", "wikitext103_lm", tokens=2048),
     Rung("125M", "wikitext103_lm", dict(hidden_size=768, num_hidden_layers=12), tokens=2048),
     Rung("350M", "wikitext103_lm", dict(hidden_size=1024, num_hidden_layers=24), tokens=2048),
 )}
@@ -109,6 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_kv_gb", type=float, default=5.0,
                         help="decode rows whose Llama KV cache (whole batch) is larger are dropped (the step's "
                              "concatenation holds it twice)")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma list of what to measure, of "
+                        f"{list(PARTS)} (the fit is paid by the first decode state where it is not measured)")
+    parser.add_argument("--profile", type=int, default=0, help="N > 0: also the top N operators (self CPU time) of "
+                        "one training step at the first length and one batch-1 decode step at 2,048 tokens (or the "
+                        "largest context below), TNN and Llama: what a gap is made of")
     parser.add_argument("--quick", action="store_true", help="tiny rungs at toy lengths: checks that it all runs")
     parser.add_argument("--isolate", type=int, default=1, help="1: each rung in a fresh subprocess (its own peak "
                         "resident set); 0: in this process")
@@ -117,10 +123,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output_dir", default="results/bench_scale_ladder")
     parser.add_argument("--rung_worker", default=None, help=argparse.SUPPRESS)  # "rung name:output json path"
     args = parser.parse_args(argv)
+    given = vars(args)  # the namespace's own dict: the settings below are rewritten in place
     if args.quick:
         for key, value in QUICK.items():
-            if getattr(args, key) == parser.get_default(key):
-                setattr(args, key, value)
+            if given[key] == parser.get_default(key):
+                given[key] = value
     table = QUICK_RUNGS if args.quick else RUNGS
     names = list(table) if args.rungs is None else args.rungs.split(",")
     unknown = [n for n in names if n not in table]
@@ -128,8 +135,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise ValueError(f"--rungs {unknown}: allowed values are {list(table)}" + (" (with --quick)" if args.quick
                                                                                    else ""))
     args.rung_list = [table[n] for n in names]
+    args.parts = args.parts.split(",")
+    if any(part not in PARTS for part in args.parts):
+        raise ValueError(f"--parts {args.parts}: allowed values are {list(PARTS)}")
     for key in ("lengths", "contexts", "batches"):
-        setattr(args, key, [int(v) for v in str(getattr(args, key)).split(",") if v.strip()])
+        given[key] = [int(v) for v in str(given[key]).split(",") if v.strip()]
     if args.rounds < 1 or args.prefill_rounds < 0:
         raise ValueError(f"--rounds must be at least 1 and --prefill_rounds at least 0, got {args.rounds}, "
                          f"{args.prefill_rounds}.")
@@ -328,6 +338,35 @@ def train(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
     return rows
 
 
+def profile_steps(args, tnn, llama, top: int) -> list[dict]:
+    """Per model: torch.profiler's ``top`` operators by self CPU time (ms) of one training step at the first length
+    and of one batch-1 decode step (after an unprofiled one of each)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    context = max([c for c in args.contexts if c <= STATE_PREFILL] or args.contexts[:1])
+    rows = []
+    for name, model in (("tnn", tnn), ("llama", llama)):
+        model.eval()
+        with torch.no_grad():
+            cache = tnn_state(model, 1, context) if name == "tnn" else kv_cache(model, 1, context)
+            decode_once = decode_step(model, cache, 1)
+        model.train()
+        n = args.lengths[0]
+        forward_backward, update = training_parts(model, n, 1, torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                                  args.seed, "sdpa" if name == "llama" else None)
+        steps = ((f"decode b1 @{context}", torch.no_grad()(decode_once)),
+                 (f"training step n={n} b1", lambda fb=forward_backward, up=update: (fb(), up())))
+        for what, function in steps:
+            function()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                _, seconds = time_once(function)
+            events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+            rows.append(dict(model=name, what=what, seconds=seconds,
+                             top_self_cpu_ms={e.key: e.self_cpu_time_total / 1e3 for e in events}))
+        model.eval()
+    return rows
+
+
 # -- one rung --------------------------------------------------------------------------------------------------------
 
 
@@ -349,14 +388,28 @@ def measure_rung(args, rung: Rung) -> dict:
     dropped: list[dict] = []
     print(f"{rung.name}: TNN {record['parameters']['tnn']:,} parameters, Llama {record['parameters']['llama']:,} "
           f"(intermediate {llama.config.intermediate_size})", flush=True)
+    sections = {}  # seconds of each part: what the ladder's run time is made of
+
+    def run(name, part, *inputs):
+        record[name], sections[name] = time_once(lambda: part(*inputs))
+        print(f"{rung.name}: {name} in {sections[name]:.0f} s", flush=True)
+
+    record.update(fit=None, prefill=[], decode=[], training=[])
+    dropped += [dict(rung=rung.name, row=part, reason="not in --parts") for part in PARTS if part not in args.parts]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        record["fit"] = fit(tnn)
-        print(f"{rung.name}: compact fit {record['fit']['fit_s']:.1f} s", flush=True)
-        record["prefill"] = prefill(args, rung, tnn, llama, dropped)
-        record["decode"] = decode(args, rung, tnn, llama, dropped)
-    record["training"] = train(args, rung, tnn, llama, dropped)
+        if "fit" in args.parts:
+            run("fit", fit, tnn)
+        if "prefill" in args.parts:
+            run("prefill", prefill, args, rung, tnn, llama, dropped)
+        if "decode" in args.parts:
+            run("decode", decode, args, rung, tnn, llama, dropped)
+    if "training" in args.parts:
+        run("training", train, args, rung, tnn, llama, dropped)
+    if args.profile:
+        run("profile", profile_steps, args, tnn, llama, args.profile)
     record["dropped"] = dropped
+    record["section_seconds"] = sections
     record["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     record["seconds"] = round(CLOCK() - started, 1)
     return record

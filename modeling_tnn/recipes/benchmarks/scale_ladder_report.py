@@ -81,23 +81,17 @@ def plan_summary(plans: list[dict]) -> str:
     return " + ".join(f"{count} {plan}" for plan, count in counts.items())
 
 
-def render(args, records: list[dict], dropped: list[dict]) -> str:
-    parts = [f"TNN (initial weights, dropout 0, `generation_cache=\"auto\"`) against Llama of matched parameter count "
-             f"(the TNN's width, depth and vocabulary, heads of {64}, sdpa, tied embeddings, MLP width solved for the "
-             f"count), float32, one torch thread, each rung in its own process. Medians of {args.rounds} interleaved "
-             f"rounds (prefill: {args.prefill_rounds}). Ratio = Llama's time / TNN's (> 1: TNN faster)."]
-    lines = ["| rung | TNN parameters | Llama parameters | Llama (hidden x layers, heads, MLP) | TNN plan (compact "
-             "fit, s) | fit ms per channel | largest bound | rung process peak RSS (MB) | rung wall (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        lc, fit = r["llama_config"], r["fit"]
-        bound = "exact" if fit["max_error_bound"] is None else f"{fit['max_error_bound']:.1e}"
-        lines.append(f"| {r['rung']} | {r['parameters']['tnn']:,} | {r['parameters']['llama']:,} | "
-                     f"{lc['hidden_size']} x {lc['layers']}, {lc['heads']}, {lc['intermediate_size']:,} | "
-                     f"{plan_summary(fit['plans'])} ({fit['fit_s']:.1f}) | {1e3 * fit['fit_s'] / fit['channels']:.2f} "
-                     f"| {bound} | {r['process_peak_rss_mb']:,.0f} | {r['seconds']:.0f} |")
-    parts.append("\n".join(lines))
+def _peak(row: dict) -> str:
+    return "—" if row["step_peak_mb"] is None else f"{row['step_peak_mb']:,.0f}"
 
+
+def _split(row: dict) -> str:
+    """A step's forward + backward and optimizer medians, ms."""
+    return f"{row['forward_backward_median_s'] * 1e3:.0f} / {row['optimizer_median_s'] * 1e3:.0f}"
+
+
+def training_table(records: list[dict]) -> str:
+    """Training step per rung and n: TNN, Llama, the free mixer, the ratio and the bound."""
     lines = ["Training step (forward with the loss + backward + AdamW step; median ms; batch = max(1, tokens per step "
              "// n)). Free mixer: Llama with its attention call costing nothing; bound = Llama / free mixer. Peak: "
              "MB over the resident set before one warm step.", "",
@@ -106,15 +100,15 @@ def render(args, records: list[dict], dropped: list[dict]) -> str:
     for r in records:
         for n in sorted({t["n"] for t in r["training"]}):
             tnn, llama, free = (_get(r["training"], model=m, n=n) for m in ("tnn", "llama", "llama free mixer"))
-            peak = lambda row: "—" if row["step_peak_mb"] is None else f"{row['step_peak_mb']:,.0f}"  # noqa: E731
-            split = lambda row: (f"{row['forward_backward_median_s'] * 1e3:.0f} / "  # noqa: E731
-                                 f"{row['optimizer_median_s'] * 1e3:.0f}")
             lines.append(f"| {r['rung']} | {n} | {tnn['batch']} | {tnn['step_ms']:.0f} | {llama['step_ms']:.0f} | "
                          f"{free['step_ms']:.0f} | {llama['step_ms'] / tnn['step_ms']:.2f} | "
-                         f"{llama['step_ms'] / free['step_ms']:.2f} | {split(tnn)} | {split(llama)} | {peak(tnn)} | "
-                         f"{peak(llama)} |")
-    parts.append("\n".join(lines))
+                         f"{llama['step_ms'] / free['step_ms']:.2f} | {_split(tnn)} | {_split(llama)} | {_peak(tnn)} | "
+                         f"{_peak(llama)} |")
+    return "\n".join(lines)
 
+
+def decode_table(records: list[dict]) -> str:
+    """Decode ms/token and state per sequence per rung, batch and context."""
     lines = ["Decode, ms per token (median of single steps after an untimed one; the prefill not timed) and state "
              "per sequence (MB; TNN: the cache's `memory_bytes()` at batch 1, Llama: its keys and values)", "",
              "| rung | batch | context | TNN ms | Llama ms | Llama / TNN | TNN state MB | Llama KV MB |",
@@ -132,8 +126,47 @@ def render(args, records: list[dict], dropped: list[dict]) -> str:
                              + (f"{llama['ms_per_token']:.2f}" if llama else "dropped") + f" | {ratio} | "
                              f"{_mb(tnn['state_bytes_per_sequence'] if tnn else None)} | "
                              f"{_mb(r['llama_kv_bytes_per_sequence'][str(context)])} |")
+    return "\n".join(lines)
+
+
+def targets_table(records: list[dict]) -> str:
+    """One row per rung, one column per target: PASS/FAIL, the ratio and the ratio required."""
+    goals = {r["rung"]: {t["target"]: t for t in targets(r)} for r in records}
+    names = list(dict.fromkeys(name for rows in goals.values() for name in rows))
+    lines = ["Targets of issue 29 part 5 (and part 3's state): PASS/FAIL, the ratio, and the ratio required", "",
+             "| rung | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for rung, rows in goals.items():
+        cells = [("PASS" if rows[n]["passed"] else "FAIL") + f" {rows[n]['ratio']:.2f}x (>= {rows[n]['required']:.2f})"
+                 if n in rows else "—" for n in names]
+        lines.append(f"| {rung} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(args, records: list[dict], dropped: list[dict]) -> str:
+    parts = [f"TNN (initial weights, dropout 0, `generation_cache=\"auto\"`) against Llama of matched parameter count "
+             f"(the TNN's width, depth and vocabulary, heads of 64, sdpa, tied embeddings, MLP width solved for the "
+             f"count), float32, one torch thread, each rung in its own process. Medians of {args.rounds} interleaved "
+             f"rounds (prefill: {args.prefill_rounds}). Ratio = Llama's time / TNN's (> 1: TNN faster)."]
+    lines = ["| rung | TNN parameters | Llama parameters | Llama (hidden x layers, heads, MLP) | TNN plan (compact "
+             "fit, s) | fit ms per channel | largest bound | rung process peak RSS (MB) | rung wall (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        lc, fit = r["llama_config"], r["fit"]
+        if fit is None:
+            plan = per_channel = bound = "not measured"
+        else:
+            plan = f"{plan_summary(fit['plans'])} ({fit['fit_s']:.1f})"
+            per_channel = f"{1e3 * fit['fit_s'] / fit['channels']:.2f}"
+            bound = "exact" if fit["max_error_bound"] is None else f"{fit['max_error_bound']:.1e}"
+        lines.append(f"| {r['rung']} | {r['parameters']['tnn']:,} | {r['parameters']['llama']:,} | "
+                     f"{lc['hidden_size']} x {lc['layers']}, {lc['heads']}, {lc['intermediate_size']:,} | "
+                     f"{plan} | {per_channel} | {bound} | {r['process_peak_rss_mb']:,.0f} | {r['seconds']:.0f} |")
     parts.append("\n".join(lines))
 
+    if any(r["decode"] for r in records):
+        parts.append(decode_table(records))
+    if any(r["training"] for r in records):
+        parts.append(training_table(records))
     if any(r["prefill"] for r in records):
         lines = [f"Prefill of {args.prefill_length} tokens, batch 1 (median s; the forward that returns the decoding "
                  "state)", "", "| rung | TNN s | Llama s | Llama / TNN |", "|---|---|---|---|"]
@@ -144,15 +177,17 @@ def render(args, records: list[dict], dropped: list[dict]) -> str:
                              f"{llama['seconds'] / tnn['seconds']:.2f} |")
         parts.append("\n".join(lines))
 
-    goals = {r["rung"]: {t["target"]: t for t in targets(r)} for r in records}
-    names = list(dict.fromkeys(name for rows in goals.values() for name in rows))
-    lines = ["Targets of issue 29 part 5 (and part 3's state): PASS/FAIL, the ratio, and the ratio required", "",
-             "| rung | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for rung, rows in goals.items():
-        cells = [("PASS" if rows[n]["passed"] else "FAIL") + f" {rows[n]['ratio']:.2f}x (>= {rows[n]['required']:.2f})"
-                 if n in rows else "—" for n in names]
-        lines.append(f"| {rung} | " + " | ".join(cells) + " |")
-    parts.append("\n".join(lines))
+    if any(targets(r) for r in records):
+        parts.append(targets_table(records))
+
+    profiled = [(r["rung"], p) for r in records for p in r.get("profile", [])]
+    if profiled:
+        lines = ["Where the time goes (`--profile`): top operators by self CPU time of one profiled step (ms)", "",
+                 "| rung | model | step | profiled s | top operators |", "|---|---|---|---|---|"]
+        lines += [f"| {rung} | {p['model']} | {p['what']} | {p['seconds']:.3f} | "
+                  + ", ".join(f"{k.removeprefix('aten::')} {v:.1f}" for k, v in p["top_self_cpu_ms"].items()) + " |"
+                  for rung, p in profiled]
+        parts.append("\n".join(lines))
 
     if dropped:
         lines = ["Rows dropped", "", "| rung | row | why |", "|---|---|---|"]
@@ -173,36 +208,43 @@ def plot(records: list[dict], path: Path) -> None:
     def series(ax, label, points, **style):
         points = [(x, y) for x, y in points if y]
         if points:
-            ax.plot(*zip(*points), marker="o", label=label, **style)
+            ax.plot(*zip(*points), label=label, **{"marker": "o", **style})
 
+    colours = {"tnn": "C0", "llama": "C1", "llama free mixer": "C2"}
+    styles, markers = ("-", "--", ":", "-."), ("o", "s", "^", "v", "D")
     lengths = sorted({t["n"] for r in records for t in r["training"]})
-    for n in lengths:
-        for model, style in (("tnn", "-"), ("llama", "--"), ("llama free mixer", ":")):
+    for index, n in enumerate(lengths):
+        for model, colour in colours.items():
             series(axes[0], f"{model} n={n}", [(params[r["rung"]], (_get(r["training"], model=model, n=n) or {})
-                                                .get("step_ms")) for r in records], linestyle=style)
+                                                .get("step_ms")) for r in records], color=colour,
+                   linestyle=styles[index % len(styles)])
     axes[0].set_ylabel("training step, ms (median)")
     contexts = sorted({d["context"] for r in records for d in r["decode"]})
     batches = sorted({d["batch"] for r in records for d in r["decode"]})
-    for batch in batches:
-        for model, style in (("tnn", "-"), ("llama", "--")):
-            for context in (contexts if model == "llama" else contexts[-1:]):
-                label = f"{model} b{batch}" + (f" @{context}" if model == "llama" else " (any context)")
-                series(axes[1], label, [(params[r["rung"]], (_get(r["decode"], model=model, batch=batch,
-                                                                   context=context) or {}).get("ms_per_token"))
-                                        for r in records], linestyle=style)
+    for index, batch in enumerate(batches):
+        for model in ("tnn", "llama"):
+            for where, context in enumerate(contexts):
+                series(axes[1], f"{model} b{batch} @{context}",
+                       [(params[r["rung"]], (_get(r["decode"], model=model, batch=batch, context=context) or {})
+                         .get("ms_per_token")) for r in records], color=colours[model],
+                       linestyle=styles[index % len(styles)], marker=markers[where % len(markers)])
     axes[1].set_ylabel("decode, ms per token (median)")
     series(axes[2], "tnn state", [(params[r["rung"]], max((d["state_bytes_per_sequence"] for d in r["decode"]
-                                                           if d["model"] == "tnn"), default=None)) for r in records])
-    for context in sorted({256, *contexts}):
+                                                           if d["model"] == "tnn"), default=None)) for r in records],
+           color=colours["tnn"])
+    for where, context in enumerate(sorted({256, *contexts})):
         series(axes[2], f"llama KV @{context}", [(params[r["rung"]], r["llama_kv_bytes_per_sequence"].get(str(context)))
-                                                 for r in records], linestyle="--")
+                                                 for r in records], color=colours["llama"], linestyle="--",
+               marker=markers[where % len(markers)])
     axes[2].set_ylabel("decoding state per sequence, bytes")
+    axes[1].set_title("decode (line: batch, marker: context)", fontsize=9)
     for ax in axes:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("parameters (TNN; Llama matched)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle("Scale ladder: TNN against Llama of matched size, one thread")
     save_figure(fig, path)
 
