@@ -289,20 +289,22 @@ def peak_reset() -> int | None:
 
 
 def training_parts(model, n: int, batch: int, optimizer, seed: int, attention: str | None = None):
-    """(forward with the loss + backward, AdamW step + zero_grad), for a batch of random ids; ``attention`` (Llama
-    only) names the attention implementation set before each step."""
+    """(select, forward with the loss + backward, AdamW step + zero_grad) for a batch of random ids; ``select``
+    (untimed, before each step) sets the attention implementation ``attention`` names (Llama only)."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=generator)
 
-    def forward_backward():
+    def select():
         if attention is not None and model.config._attn_implementation != attention:
             model.set_attn_implementation(attention)
+
+    def forward_backward():
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
 
     def update():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return forward_backward, update
+    return select, forward_backward, update
 
 
 def train(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
@@ -320,14 +322,16 @@ def train(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
         batch = max(1, rung.tokens // n)
         work, peaks = {}, {}
         for name, (model, attention) in models.items():
-            forward_backward, update = training_parts(model, n, batch, optimizers[id(model)], args.seed, attention)
+            select, forward_backward, update = training_parts(model, n, batch, optimizers[id(model)], args.seed,
+                                                              attention)
+            select()
             if id(model) not in primed:  # AdamW's state exists before any step is measured
                 forward_backward(), update()
                 primed.add(id(model))
             baseline = peak_reset()  # the warm-up step, measured for its peak
             forward_backward(), update()
             peaks[name] = None if baseline is None else (_status_kb("VmHWM") - baseline) / 1024
-            work[name] = workload(forward_backward, update, names=("forward_backward", "optimizer"))
+            work[name] = workload(forward_backward, update, names=("forward_backward", "optimizer"), before=select)
         timings = interleaved(work, rounds=args.rounds, warmup=0, progress=f"{rung.name} training n={n}")
         for name, timing in timings.items():
             rows.append(dict(model=name, n=n, batch=batch, step_ms=timing.median * 1e3,
@@ -354,8 +358,9 @@ def profile_steps(args, tnn, llama, top: int) -> list[dict]:
             decode_once = decode_step(model, cache, 1)
         model.train()
         n = args.lengths[0]
-        forward_backward, update = training_parts(model, n, 1, torch.optim.AdamW(model.parameters(), lr=1e-4),
-                                                  args.seed, "sdpa" if name == "llama" else None)
+        select, forward_backward, update = training_parts(model, n, 1, torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                                          args.seed, "sdpa" if name == "llama" else None)
+        select()
         steps = ((f"decode b1 @{context}", torch.no_grad()(decode_once)),
                  (f"training step n={n} b1", lambda fb=forward_backward, up=update: (fb(), up())))
         for what, function in steps:
