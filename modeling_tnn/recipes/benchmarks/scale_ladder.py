@@ -93,7 +93,8 @@ RUNGS = {rung.name: rung for rung in (
 )}
 QUICK_RUNGS = {rung.name: rung for rung in (
     Rung("tiny-32", "tiny", dict(vocab_size=256), tokens=2048),
-    Rung("tiny-64", "tiny", dict(hidden_size=64, num_hidden_layers=3, vocab_size=256), tokens=2048),
+    Rung("tiny-64", "tiny", dict(hidden_size=64, num_hidden_layers=3, vocab_size=256), tokens=2048,
+         drops={"train 2048": "an example of a row dropped on purpose (--quick)"}),
 )}
 # Toy sizes at the lengths the targets name: every table cell and target is filled, in seconds.
 QUICK = dict(prefill_length=256, rounds=1)
