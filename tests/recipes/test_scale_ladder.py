@@ -9,8 +9,11 @@ import json
 
 import pytest
 
+import torch
+
 from modeling_tnn.recipes.benchmarks import scale_ladder
 from modeling_tnn.recipes.benchmarks.scale_ladder_report import targets, training_target
+from modeling_tnn.recipes.benchmarks.scale_ladder_training import FREE_MIXER
 
 from tests.support import PROJECT_ROOT
 
@@ -124,6 +127,22 @@ def test_training_target_rules():
     assert rows["decode b1 @256"]["ratio"] == 0.5 and not rows["decode b1 @256"]["passed"]
     assert rows["training n=512"]["passed"] and rows["training n=512"]["ratio"] == 1.0
     assert rows["state <= Llama KV @256"]["passed"]
+
+
+def test_the_free_mixer_skips_attention_and_keeps_every_gradient():
+    torch.manual_seed(0)
+    _, llama = scale_ladder.build_pair(scale_ladder.QUICK_RUNGS["tiny-32"], seed=0)
+    ids = torch.randint(0, llama.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        attended = llama(input_ids=ids).logits
+        llama.set_attn_implementation(FREE_MIXER)
+        free = llama(input_ids=ids).logits
+    assert not torch.allclose(attended, free)  # the attention call is replaced, not left in place
+    llama(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in llama.parameters())  # q, k, v projections too
+    llama.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        assert torch.equal(llama(input_ids=ids).logits, attended)
 
 
 def test_bad_rungs_are_refused():

@@ -9,30 +9,26 @@ its MLP width solved for the TNN's parameter count (:mod:`.reference_models`). O
 Measured per rung, each rung in a fresh subprocess (its peak resident set is the rung's alone):
 
 * the compact fit: TNN's first cached forward (2 tokens) minus its second, and the plan it gives per layer;
-* prefill of ``--prefill_length`` tokens (batch 1, the forward that returns the decoding state), both models;
-* decode ms/token at every (batch, context): TNN with its default cache (``generation_cache="auto"``), Llama with
-  its default DynamicCache holding random keys and values of the context's length. A TNN state comes from a short
-  prefill with its token count then set to the context (a fixed-shape state, as the compact one, costs a step what
-  its shape says; a state whose shape grows is prefilled with min(context, 2,048) tokens instead). Rounds interleave
-  TNN and Llama; each timed step follows an untimed step of the same decoder, as in ``generate``; the prefill is
-  never timed here;
-* state bytes per sequence: the TNN cache's ``memory_bytes()`` at batch 1 (the sum of ``describe()``'s
-  ``state_bytes``), Llama's keys and values (2 x layers x KV heads x head dim x tokens x 4 bytes) at 256 tokens and
-  at each context;
-* training step (forward with the loss + backward + AdamW step and zero_grad, as ``bench_training``; the two parts
-  also timed apart) at each ``--lengths`` n, batch = max(1, tokens per step // n); rounds interleave TNN, Llama and
-  Llama with a free mixer: the same model and optimizer with its attention call (QK^T, softmax, the weighted sum of
-  V) replaced by ``q + k + v`` through transformers' attention interface (two elementwise adds, so every projection
-  keeps its gradient; rotary embedding, projections, norms, MLP, embeddings and the optimizer are unchanged). The
-  free-mixer bound is Llama's step over that step: the most any token mixer could gain over attention at that size;
-* memory: each model's parameter bytes, the peak of one warm training step over the resident set before it
-  (gradients, saved activations, temporaries; ``VmHWM`` after ``/proc/self/clear_refs``, Linux), and the rung
-  process's own peak resident set (``ru_maxrss``: everything above, the KV caches and the fit included).
+* prefill of ``--prefill_length`` tokens (batch 1, the forward that returns the decoding state);
+* decode ms/token at every (batch, context), interleaved rounds, each timed step after an untimed one of the same
+  decoder (as in ``generate``), the prefill never timed: TNN with its default cache (``generation_cache="auto"``),
+  its state from a short prefill with the token count then set to the context (a fixed-shape state, as the compact
+  one, costs a step what its shape says; one whose shape grows is prefilled with min(context, 2,048) tokens);
+  Llama with its DynamicCache of random keys and values of the context's length;
+* state bytes per sequence: TNN's ``memory_bytes()`` at batch 1 (the sum of ``describe()``'s ``state_bytes``);
+  Llama's keys and values (2 x layers x KV heads x head dim x tokens x 4 bytes) at 256 tokens and each context;
+* training step (forward with the loss + backward + AdamW step and zero_grad, as ``bench_training``; the parts also
+  timed apart) at each ``--lengths`` n, batch max(1, tokens per step // n), rounds interleaving TNN, Llama and Llama
+  with a free mixer: the same model and optimizer with its attention call (QK^T, softmax, the weighted sum of V)
+  replaced by ``q + k + v`` through transformers' attention interface (every projection keeps its gradient; rotary
+  embedding, MLP, norms, embeddings and optimizer unchanged). The free-mixer bound, Llama's step over that one, is
+  the most any token mixer could gain over attention at that size;
+* memory: parameter bytes, the peak of one warm training step over the resident set before it (gradients, saved
+  activations, temporaries; ``VmHWM`` after ``/proc/self/clear_refs``, Linux) and the rung process's ``ru_maxrss``.
 
-The targets of issue 29 part 5 are evaluated per rung from these numbers (see :mod:`.scale_ladder_report`).
-Rows a 2-core machine cannot finish in reasonable time, or whose state does not fit ``--max_kv_gb``, are dropped and
-listed with the reason. ``--quick`` runs two tiny rungs at toy lengths (a check that everything runs; the numbers
-mean nothing).
+:mod:`.scale_ladder_report` evaluates the targets of issue 29 part 5 per rung. Rows a 2-core machine cannot finish
+in reasonable time (``Rung.drops``) or whose KV cache exceeds ``--max_kv_gb`` are dropped and listed with the reason.
+``--quick``: two tiny rungs (a check that everything runs; the numbers mean nothing).
 
     python run_scripts/bench_scale_ladder.py                       # make bench-ladder
     python run_scripts/bench_scale_ladder.py --rungs 6M,48.7M --rounds 2
@@ -53,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AttentionInterface
 
 from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modeling_tnn import CACHE_FIELD
@@ -61,10 +56,10 @@ from modeling_tnn.modeling_tnn import CACHE_FIELD
 from .generation import cache_bytes, kv_cache
 from .harness import CLOCK, command_line, interleaved, set_threads, time_once, workload
 from .reference_models import baseline_model, count_parameters, matched_mlp_width
-from .training import _env_with_package, _status_kb
+from .scale_ladder_training import train, training_parts
+from .training import _env_with_package
 
 SCRIPT = "run_scripts/bench_scale_ladder.py"
-FREE_MIXER = "free_mixer"  # the attention-interface name of the zero-cost attention
 HEAD_DIM = 64
 STATE_PREFILL = 2048  # a TNN state whose shape grows is prefilled this far (every state is final by then)
 SHORT_PREFILL = 16  # tokens of the prefill that gives a fixed-shape state its final shape
@@ -174,15 +169,6 @@ def build_pair(rung: Rung, seed: int) -> tuple[TnnForCausalLM, torch.nn.Module]:
     return tnn, baseline_model("llama", "causal", mlp_width=width, **sizes).eval()
 
 
-def free_attention(module, query, key, value, attention_mask, **kwargs):
-    """Attention costing nothing: ``q + k + v`` in the layout attention returns (batch, n, heads, head dim), so that
-    every projection keeps its gradient; no scores, no softmax, no mask."""
-    return (query + key + value).transpose(1, 2), None
-
-
-AttentionInterface.register(FREE_MIXER, free_attention)
-
-
 def kv_bytes_per_sequence(llama, tokens: int) -> int:
     """Llama's KV cache per sequence: keys and values of every layer, float32."""
     c = llama.config
@@ -273,76 +259,6 @@ def prefill(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
     timings = interleaved(work, rounds=args.prefill_rounds, warmup=0, progress=f"{rung.name} prefill")
     return [dict(model=name, tokens=args.prefill_length, seconds=t.median, **t.summary())
             for name, t in timings.items()]
-
-
-# -- training ------------------------------------------------------------------------------------------------------
-
-
-def peak_reset() -> int | None:
-    """Reset the kernel's high-water mark of this process to its resident set; the resident set in kB (None where
-    the reset is refused: no per-step peak then)."""
-    gc.collect()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return _status_kb("VmRSS")
-    except (OSError, RuntimeError):
-        return None
-
-
-def training_parts(model, n: int, batch: int, optimizer, seed: int, attention: str | None = None):
-    """(select, forward with the loss + backward, AdamW step + zero_grad) for a batch of random ids; ``select``
-    (untimed, before each step) sets the attention implementation ``attention`` names (Llama only)."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=generator)
-
-    def select():
-        if attention is not None and model.config._attn_implementation != attention:
-            model.set_attn_implementation(attention)
-
-    def forward_backward():
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-
-    def update():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return select, forward_backward, update
-
-
-def train(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
-    """Per n and model (TNN, Llama, Llama with a free mixer): the step's timings and peak over the resident set."""
-    rows = []
-    models = {"tnn": (tnn, None), "llama": (llama, "sdpa"), "llama free mixer": (llama, FREE_MIXER)}
-    optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-4) for m, _ in models.values()}
-    for model, _ in models.values():
-        model.train()
-    lengths = [n for n in args.lengths if f"train {n}" not in rung.drops]
-    dropped += [dict(rung=rung.name, row=f"train {n}", reason=rung.drops[f"train {n}"]) for n in args.lengths
-                if f"train {n}" in rung.drops]
-    primed = set()
-    for n in lengths:
-        batch = max(1, rung.tokens // n)
-        work, peaks = {}, {}
-        for name, (model, attention) in models.items():
-            select, forward_backward, update = training_parts(model, n, batch, optimizers[id(model)], args.seed,
-                                                              attention)
-            select()
-            if id(model) not in primed:  # AdamW's state exists before any step is measured
-                forward_backward(), update()
-                primed.add(id(model))
-            baseline = peak_reset()  # the warm-up step, measured for its peak
-            forward_backward(), update()
-            peaks[name] = None if baseline is None else (_status_kb("VmHWM") - baseline) / 1024
-            work[name] = workload(forward_backward, update, names=("forward_backward", "optimizer"), before=select)
-        timings = interleaved(work, rounds=args.rounds, warmup=0, progress=f"{rung.name} training n={n}")
-        for name, timing in timings.items():
-            rows.append(dict(model=name, n=n, batch=batch, step_ms=timing.median * 1e3,
-                             tokens_per_s=batch * n / timing.median, step_peak_mb=peaks[name], **timing.summary()))
-        del work
-        gc.collect()
-    llama.set_attn_implementation("sdpa")
-    for model, _ in models.values():
-        model.eval()
-    return rows
 
 
 def profile_steps(args, tnn, llama, top: int) -> list[dict]:

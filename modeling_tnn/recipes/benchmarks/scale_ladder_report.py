@@ -9,7 +9,7 @@ Targets (ratio = Llama's time over TNN's: > 1 means TNN is faster):
 * training at n = 2,048: >= 1.3x where B >= 1.3 (attention takes that much of Llama's step), else >= 0.9 B;
 * state: TNN's decoding state per sequence <= the matched Llama's KV cache at 256 tokens (part 3).
 
-B is Llama's step over its step with attention costing nothing (:func:`.scale_ladder.free_attention`), measured in
+B is Llama's step over its step with attention costing nothing (:func:`.scale_ladder_training.free_attention`), measured in
 the same interleaved rounds."""
 
 from __future__ import annotations
