@@ -74,7 +74,7 @@ bench: install  ## every results/bench_* folder regenerated (about 20 minutes on
 	$(PY) run_scripts/bench_all.py --results_root results
 	$(PY) run_scripts/render_docs.py
 
-bench-ladder: install  ## the scale ladder: TNN 6M..350M against Llama of matched size (35-50 minutes on 2 idle cores, ~20 GB)
+bench-ladder: install  ## the scale ladder: TNN 6M..350M against Llama of matched size (40-55 minutes on 2 idle cores, ~15 GB)
 	$(PY) run_scripts/bench_scale_ladder.py --output_dir results/bench_scale_ladder
 	$(PY) run_scripts/render_docs.py
 
