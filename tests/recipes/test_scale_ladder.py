@@ -145,6 +145,18 @@ def test_the_free_mixer_skips_attention_and_keeps_every_gradient():
         assert torch.equal(llama(input_ids=ids).logits, attended)
 
 
+def test_a_failed_rung_is_reported_beside_the_others(tmp_path, monkeypatch):
+    measure = scale_ladder.measure_rung
+    monkeypatch.setattr(scale_ladder, "run_rung", lambda args, rung, argv: "its process failed (exit -9)"
+                        if rung.name == "tiny-64" else measure(args, rung))
+    with pytest.raises(SystemExit, match="tiny-64"):
+        scale_ladder.main(["--quick", "--contexts", "256", "--batches", "1", "--lengths", "512",
+                           "--output_dir", str(tmp_path)])
+    record = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [r["rung"] for r in record["rungs"]] == ["tiny-32"]
+    assert {"rung": "tiny-64", "row": "the whole rung", "reason": "its process failed (exit -9)"} in record["dropped"]
+
+
 def test_bad_rungs_are_refused():
     with pytest.raises(ValueError, match="--rungs"):
         scale_ladder.parse_args(["--rungs", "6M,1B"])

@@ -339,8 +339,9 @@ def measure_rung(args, rung: Rung) -> dict:
     return record
 
 
-def run_rung(args, rung: Rung, argv: list[str]) -> dict:
-    """:func:`measure_rung` in a fresh subprocess (``--isolate 1``) or in this process."""
+def run_rung(args, rung: Rung, argv: list[str]) -> dict | str:
+    """:func:`measure_rung` in a fresh subprocess (``--isolate 1``) or in this process; where the subprocess fails
+    (out of memory, say), why, so that the rungs measured before it are still reported."""
     if not args.isolate:
         return measure_rung(args, rung)
     with tempfile.TemporaryDirectory() as folder:
@@ -348,7 +349,7 @@ def run_rung(args, rung: Rung, argv: list[str]) -> dict:
         command = [sys.executable, "-m", __spec__.name, *argv, "--rung_worker", f"{rung.name}:{output}"]
         done = subprocess.run(command, env=_env_with_package())
         if done.returncode != 0:
-            raise RuntimeError(f"rung {rung.name} failed (exit {done.returncode}); command: {command}")
+            return f"its process failed (exit {done.returncode}; -9: killed, e.g. out of memory)"
         return json.loads(output.read_text())
 
 
@@ -364,11 +365,18 @@ def main(argv: list[str] | None = None) -> None:
     from .scale_ladder_report import report
 
     started = CLOCK()
-    records = []
+    records, failed = [], []
     for rung in args.rung_list:
-        records.append(run_rung(args, rung, argv))
-        print(f"== rung {rung.name} done in {records[-1]['seconds']:.0f} s", flush=True)
-    report(args, command_line(SCRIPT, argv), records, started)
+        record = run_rung(args, rung, argv)
+        if isinstance(record, str):
+            failed.append(dict(rung=rung.name, row="the whole rung", reason=record))
+            print(f"== rung {rung.name}: {record}", flush=True)
+            continue
+        records.append(record)
+        print(f"== rung {rung.name} done in {record['seconds']:.0f} s", flush=True)
+    report(args, command_line(SCRIPT, argv), records, started, failed)
+    if failed:
+        raise SystemExit(f"rung(s) {[f['rung'] for f in failed]} failed; the others are in {args.output_dir}")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ Targets (ratio = Llama's time over TNN's: > 1 means TNN is faster):
 * training at n = 2,048: >= 1.3x where B >= 1.3 (attention takes that much of Llama's step), else >= 0.9 B;
 * state: TNN's decoding state per sequence <= the matched Llama's KV cache at 256 tokens (part 3).
 
-B is Llama's step over its step with attention costing nothing (:func:`.scale_ladder_training.free_attention`), measured in
-the same interleaved rounds."""
+B is Llama's step over its step with attention costing nothing (:func:`.scale_ladder_training.free_attention`),
+measured in the same interleaved rounds."""
 
 from __future__ import annotations
 
@@ -249,9 +249,9 @@ def plot(records: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
-def report(args, command: str, records: list[dict], started: float) -> Path:
-    """Write the ladder's folder; returns it."""
-    dropped = [d for r in records for d in r["dropped"]]
+def report(args, command: str, records: list[dict], started: float, failed: list[dict] = ()) -> Path:
+    """Write the ladder's folder (``failed``: rows for the rungs whose process failed); returns it."""
+    dropped = [d for r in records for d in r["dropped"]] + list(failed)
     table = render(args, records, dropped)
     print(table)
     settings = {k: v for k, v in vars(args).items() if k not in ("rung_worker", "rung_list")}
