@@ -23,7 +23,7 @@ MIXINS_TRANSFORMERS ?= 5.24.0
 MIXINS_VENV := .venv-mixins
 TRANSFORMERS_TESTS_DIR ?= ../shared/hf-tests
 
-.PHONY: install demo test test-fast test-oldest test-mixins glue bench clean
+.PHONY: install demo test test-fast test-oldest test-mixins glue bench bench-ladder clean
 
 # $(call make_venv,DIR,PINS): a venv in DIR with the CPU build of torch and this project's dev extra (plus PINS, e.g.
 # one transformers release).
@@ -72,6 +72,10 @@ glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), f
 
 bench: install  ## every results/bench_* folder regenerated (about 20 minutes on 2 idle cores; run on an idle machine)
 	$(PY) run_scripts/bench_all.py --results_root results
+	$(PY) run_scripts/render_docs.py
+
+bench-ladder: install  ## the scale ladder: TNN 6M..350M against Llama of matched size (40-55 minutes on 2 idle cores, ~15 GB)
+	$(PY) run_scripts/bench_scale_ladder.py --output_dir results/bench_scale_ladder
 	$(PY) run_scripts/render_docs.py
 
 clean:
