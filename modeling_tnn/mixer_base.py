@@ -13,6 +13,7 @@ from .ops_dispatch import ConvolutionKernel, convolve
 from .runtime import as_dtype, compute_dtype, tracing
 
 if TYPE_CHECKING:
+    from .ops_documents import DocumentLayout
     from .ops_fused_gating import InputMap
 
 # Parameter-free tensors (TokenMixer.constant) a mixer keeps: one or two per input length it has seen.
@@ -51,12 +52,17 @@ class TokenMixer(nn.Module):
         self.recompute_spectra = recompute_spectra
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                input_map: InputMap | None = None) -> torch.Tensor:
+                input_map: InputMap | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
         """Mix ``x`` (b, n, channels), or ``input_map(x)`` when given (the map then runs inside the operator, which
-        keeps only ``x`` for backward where it can; see ops_fused_gating)."""
+        keeps only ``x`` for backward where it can; see ops_fused_gating). With ``documents`` (a packed batch) each
+        document is mixed alone by this mixer's own operator (ops_documents)."""
         dtype = compute_dtype(x.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            y = self.mix(as_dtype(x, dtype), attention_mask, input_map)
+            inputs = as_dtype(x, dtype)
+            if documents is None:
+                y = self.mix(inputs, attention_mask, input_map)
+            else:  # the packed rows carry no padding: each block brings the mask of its documents' real tokens
+                y = documents.mix(inputs if input_map is None else input_map(inputs), self.mix)
         return as_dtype(y, x.dtype)
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, input_map: InputMap | None = None

@@ -1,0 +1,70 @@
+"""Per-document mixing of packed rows (ops_documents): every document's output and gradients equal the document
+mixed alone, for every mixer, direction and bucket layout (float64), and the layout's buckets are what it claims."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeling_tnn.ops_documents import DocumentLayout, bucket_length, build_layout, pool_documents
+from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy
+from modeling_tnn.tnn_block import build_token_mixer
+
+from tests.support import tiny_config
+
+CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False), ("ski", False)]
+# Rows of documents: mixed lengths (several buckets, padding inside a bucket), and equal lengths (the reshape view).
+LAYOUTS = [[[5, 1, 9, 3], [7, 2, 6, 3]], [[4, 4, 4], [4, 4, 4]], [[18]]]
+
+
+def per_document(mixer, x: torch.Tensor, lengths: list[list[int]]) -> torch.Tensor:
+    """Each document of ``x`` mixed alone, concatenated back into rows."""
+    rows = []
+    for row, sizes in zip(x, lengths):
+        docs = row.split(sizes)
+        rows.append(torch.cat([mixer(doc[None])[0] for doc in docs]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kind,causal", CASES)
+@pytest.mark.parametrize("lengths", LAYOUTS)
+@pytest.mark.parametrize("direct", [True, False])
+def test_packed_rows_mix_as_their_documents_alone(kind, causal, lengths, direct):
+    torch.manual_seed(0)
+    mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=4, ski_rank=3), 5).double()
+    width = sum(lengths[0])
+    layout = build_layout(lengths, width, torch.device("cpu"))
+    x = torch.randn(len(lengths), width, 5, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(len(lengths), width, 5, dtype=torch.float64)
+    with convolution_policy(ConvolutionPolicy().forcing_direct(direct)):
+        packed = mixer(x, documents=layout)
+        grads = torch.autograd.grad((packed * weights).sum(), [x, *mixer.parameters()])
+        alone = per_document(mixer, x, lengths)
+        expected = torch.autograd.grad((alone * weights).sum(), [x, *mixer.parameters()])
+    torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-12)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    if len(lengths[0]) > 1:  # the packed row is not what the whole row mixed at once gives
+        assert not torch.allclose(packed, mixer(x), atol=1e-6)
+
+
+def test_buckets_follow_the_documents_not_the_row():
+    layout = build_layout([[5, 40, 6, 9], [60]], 60, torch.device("cpu"))
+    assert isinstance(layout, DocumentLayout) and layout.documents == 5 and layout.uniform is None
+    # 5 and 6 share the bucket of 6, 9 is 12's, 40 is 48's, 60 is 64's, each padded to its longest document only
+    assert layout.buckets == ((2, 6), (1, 9), (1, 40), (1, 60))
+    assert layout.masks[0].tolist() == [[1, 1, 1, 1, 1, 0], [1] * 6] and layout.masks[1] is None
+    assert len(set(layout.slots.tolist())) == 120 and max(layout.slots.tolist()) < 12 + 9 + 40 + 60
+    assert [bucket_length(n) for n in (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33)] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
+    uniform = build_layout([[4, 4], [4, 4]], 8, torch.device("cpu"))
+    assert uniform.uniform == 4 and uniform.slots is None
+
+
+@pytest.mark.parametrize("last", [True, False])
+def test_pooling_gives_one_row_per_document(last):
+    hidden = torch.randn(2, 6, 3, dtype=torch.float64)
+    layout = build_layout([[2, 4], [1, 5]], 6, torch.device("cpu"))
+    pooled = pool_documents(hidden, layout, last=last)
+    docs = [hidden[0, :2], hidden[0, 2:], hidden[1, :1], hidden[1, 1:]]
+    expected = torch.stack([d[-1] if last else d.mean(0) for d in docs])
+    torch.testing.assert_close(pooled, expected)
