@@ -6,7 +6,9 @@ Every keyword a forward receives is used or refused (:func:`split_keywords`):
   restarting at 0 at each document, ``cu_seq_lens_q/k`` and ``max_length_q/k`` (``return_flash_attn_kwargs=True``),
   ``seq_idx`` (``return_seq_idx=True``), alone or together (they must then agree); they make a
   :class:`~modeling_tnn.ops_documents.DocumentLayout` (:func:`document_layout`) and each document is mixed alone;
-- ``num_items_in_batch`` (Trainer's) goes to the loss;
+- the loss keywords of each head's transformers loss function go to it: ``num_items_in_batch`` (Trainer's) for
+  every head with a loss, ``ignore_index`` for the token and sequence losses, ``shift_labels`` for the causal LM
+  (:data:`LOSS_KEYWORDS`, :data:`CAUSAL_LM_LOSS_KEYWORDS`);
 - what transformers passes every model is accepted where it holds for TNN: ``output_attentions`` and
   ``output_router_logits`` false (TNN has neither), ``is_causal`` equal to the model's direction, and, for heads
   without a decoding cache or per-position selection, ``use_cache`` false and ``logits_to_keep`` 0;
@@ -28,7 +30,8 @@ from .ops_documents import DocumentLayout, build_layout
 from .runtime import tracing
 
 PACKING_KEYWORDS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
-LOSS_KEYWORDS = ("num_items_in_batch",)
+LOSS_KEYWORDS = ("num_items_in_batch", "ignore_index")
+CAUSAL_LM_LOSS_KEYWORDS = LOSS_KEYWORDS + ("shift_labels",)
 # Keywords transformers passes models, accepted only with the value that is true of TNN (or of the head).
 _FALSE_ONLY = {
     "output_attentions": "TNN has no attention weights",
@@ -36,20 +39,19 @@ _FALSE_ONLY = {
     "use_cache": "this head keeps no decoding cache",
     "logits_to_keep": "this head scores every position (logits_to_keep must be 0)",
 }
-ACCEPTED_KEYWORDS = PACKING_KEYWORDS + LOSS_KEYWORDS + tuple(_FALSE_ONLY) + ("is_causal",)
 
 
-def split_keywords(kwargs: dict[str, Any], owner: str, causal: bool, loss: bool = True
+def split_keywords(kwargs: dict[str, Any], owner: str, causal: bool, loss: tuple[str, ...] = LOSS_KEYWORDS
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(packing keywords, loss keywords)`` of a forward's extra ``kwargs``; the others are checked and dropped
-    (``ValueError`` when their value does not hold for TNN) or refused (``TypeError``; the loss keywords too where
-    ``loss`` is False: a model without a loss)."""
+    """``(packing keywords, loss keywords)`` of a forward's extra ``kwargs``, ``loss`` naming the keywords its loss
+    function takes (none for a model without a loss); the others are checked and dropped (``ValueError`` when their
+    value does not hold for TNN) or refused (``TypeError``)."""
     packing, loss_kwargs = {}, {}
-    accepted = ACCEPTED_KEYWORDS if loss else tuple(k for k in ACCEPTED_KEYWORDS if k not in LOSS_KEYWORDS)
+    accepted = PACKING_KEYWORDS + loss + tuple(_FALSE_ONLY) + ("is_causal",)
     for key, value in kwargs.items():
         if key in PACKING_KEYWORDS:
             packing[key] = value
-        elif key in LOSS_KEYWORDS and loss:
+        elif key in loss:
             loss_kwargs[key] = value
         elif key in _FALSE_ONLY:
             if value:

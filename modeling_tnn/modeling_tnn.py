@@ -23,7 +23,7 @@ from transformers.modeling_outputs import (
 from .checkpoint_layout import register_split_projection_loading
 from .configuration_tnn import TnnConfig
 from .decoding_cache import TnnCache
-from .input_packing import backbone_documents, split_keywords
+from .input_packing import CAUSAL_LM_LOSS_KEYWORDS, LOSS_KEYWORDS, backbone_documents, split_keywords
 from .input_validation import validate_model_inputs
 from .ops_documents import DocumentLayout, pool_documents
 from .tnn_block import Dropout, TnnBlock, build_final_norm
@@ -159,7 +159,7 @@ class TnnModel(TnnPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         cache = cache if cache is not None else past_key_values
-        packing, _ = split_keywords(kwargs, type(self).__name__, self.config.causal, loss=False)
+        packing, _ = split_keywords(kwargs, type(self).__name__, self.config.causal, loss=())
         if documents is None:
             documents, use_cache = backbone_documents({"position_ids": position_ids, **packing},
                                                       input_ids if input_ids is not None else inputs_embeds,
@@ -250,7 +250,7 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
         batch (see :meth:`TnnModel.forward`) takes labels that are -100 at each document's first token, as
         DataCollatorWithFlattening writes them."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        packing, kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal)
+        packing, kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal, CAUSAL_LM_LOSS_KEYWORDS)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -396,11 +396,12 @@ class _TnnEncoderHead(TnnPreTrainedModel):
                                                          device=reference.device)
 
     def _backbone(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
-                  inputs_embeds: torch.Tensor | None, output_hidden_states: bool | None, kwargs: dict
+                  inputs_embeds: torch.Tensor | None, output_hidden_states: bool | None, kwargs: dict,
+                  loss: tuple[str, ...] = LOSS_KEYWORDS
                   ) -> tuple[BaseModelOutputWithPast, torch.Tensor | None, DocumentLayout | None, dict]:
         """The backbone's output, the padding mask it ran on, the documents of a packed batch (packed rows have no
         padding: no mask is inferred from pad ids) and the loss keywords of ``kwargs``."""
-        packing, loss_kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal)
+        packing, loss_kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal, loss)
         packed = any(value is not None for value in packing.values())
         mask = attention_mask if packed else self._padding_mask(input_ids, attention_mask, inputs_embeds)
         documents, _ = backbone_documents(packing, input_ids if input_ids is not None else inputs_embeds, mask,
@@ -530,7 +531,7 @@ class TnnForQuestionAnswering(_TnnEncoderHead):
         start and end cross-entropies; positions outside the input are clamped to its length and ignored."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs, _, documents, kwargs = self._backbone(input_ids, attention_mask, inputs_embeds,
-                                                       output_hidden_states, kwargs)
+                                                       output_hidden_states, kwargs, ("num_items_in_batch",))
         if documents is not None:
             raise ValueError("TnnForQuestionAnswering does not take packed batches (one question per row).")
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
