@@ -50,7 +50,8 @@ def split_keywords(kwargs: dict[str, Any], owner: str, causal: bool, loss: tuple
     accepted = PACKING_KEYWORDS + loss + tuple(_FALSE_ONLY) + ("is_causal",)
     for key, value in kwargs.items():
         if key in PACKING_KEYWORDS:
-            packing[key] = value
+            if value is not None:  # (None: not given)
+                packing[key] = value
         elif key in loss:
             loss_kwargs[key] = value
         elif key in _FALSE_ONLY:
@@ -160,6 +161,8 @@ def document_layout(packing: dict[str, Any], *, batch: int, width: int, attentio
                              "torch.compile / torch.export.")
         return None
     mask = None if attention_mask is None else attention_mask[:, -width:]
+    if continues_cache and width == 1 and set(given) == {"position_ids"}:
+        return None  # a decoding step: one position per row, nothing to check (no operator, no synchronisation)
     padded = mask is not None and bool((mask == 0).any())
     if continues_cache or padded:
         others = sorted(set(given) - {"position_ids"})
@@ -193,12 +196,18 @@ def document_layout(packing: dict[str, Any], *, batch: int, width: int, attentio
     return build_layout(lengths, width, device)
 
 
-def backbone_documents(packing: dict[str, Any], inputs: torch.Tensor, attention_mask: torch.Tensor | None,
-                       continues_cache: bool, use_cache: bool | None) -> tuple[DocumentLayout | None, bool | None]:
-    """``(documents, use_cache)`` for a backbone forward on ``inputs`` (ids or embeddings): a packed batch decodes
-    with no cache (``use_cache=True`` with one is a ``ValueError``; left unset it becomes False)."""
-    documents = document_layout(packing, batch=inputs.shape[0], width=inputs.shape[1], attention_mask=attention_mask,
-                                continues_cache=continues_cache, device=inputs.device)
+def backbone_documents(documents: DocumentLayout | None, packing: dict[str, Any], inputs: torch.Tensor,
+                       attention_mask: torch.Tensor | None, continues_cache: bool, use_cache: bool | None
+                       ) -> tuple[DocumentLayout | None, bool | None]:
+    """``(documents, use_cache)`` for a backbone forward on ``inputs`` (ids or embeddings): the ``documents`` a head
+    found, else those the packing keywords mark. A packed batch decodes with no cache (``use_cache=True`` with one is
+    a ``ValueError``; left unset it becomes False)."""
+    if documents is None:
+        documents = document_layout(packing, batch=inputs.shape[0], width=inputs.shape[1],
+                                    attention_mask=attention_mask, continues_cache=continues_cache,
+                                    device=inputs.device)
+    elif any(value is not None for value in packing.values()) or continues_cache:
+        raise ValueError("documents: pass a DocumentLayout or the packing keywords, not both, and no cache.")
     if documents is not None:
         if use_cache:
             raise ValueError("use_cache=True: a packed batch (documents marked by position_ids, cu_seq_lens or "

@@ -160,14 +160,9 @@ class TnnModel(TnnPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         cache = cache if cache is not None else past_key_values
         packing, _ = split_keywords(kwargs, type(self).__name__, self.config.causal, loss=())
-        if documents is None:
-            documents, use_cache = backbone_documents({"position_ids": position_ids, **packing},
-                                                      input_ids if input_ids is not None else inputs_embeds,
-                                                      attention_mask, cache is not None, use_cache)
-        elif use_cache:
-            raise ValueError("use_cache=True: a packed batch returns no decoding cache.")
-        else:
-            use_cache = False
+        documents, use_cache = backbone_documents(documents, {"position_ids": position_ids, **packing},
+                                                  input_ids if input_ids is not None else inputs_embeds,
+                                                  attention_mask, cache is not None, use_cache)
         if inputs_embeds is None:
             inputs_embeds = self.embeddings(input_ids)
         length = inputs_embeds.shape[1]
@@ -402,10 +397,10 @@ class _TnnEncoderHead(TnnPreTrainedModel):
         """The backbone's output, the padding mask it ran on, the documents of a packed batch (packed rows have no
         padding: no mask is inferred from pad ids) and the loss keywords of ``kwargs``."""
         packing, loss_kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal, loss)
-        packed = any(value is not None for value in packing.values())
-        mask = attention_mask if packed else self._padding_mask(input_ids, attention_mask, inputs_embeds)
-        documents, _ = backbone_documents(packing, input_ids if input_ids is not None else inputs_embeds, mask,
-                                          False, False) if packed else (None, False)
+        documents = backbone_documents(None, packing, input_ids if input_ids is not None else inputs_embeds,
+                                       attention_mask, False, False)[0] if packing else None
+        mask = attention_mask if documents is not None else self._padding_mask(input_ids, attention_mask,
+                                                                                inputs_embeds)
         outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
                              output_hidden_states=output_hidden_states, return_dict=True, documents=documents)
         return outputs, mask, documents, loss_kwargs

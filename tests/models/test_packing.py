@@ -11,6 +11,8 @@ from transformers import DataCollatorWithFlattening
 from modeling_tnn import (TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswering, TnnForSequenceClassification,
                           TnnForTokenClassification, TnnModel)
 
+from modeling_tnn.ops_documents import build_layout
+
 from tests.support import tiny_config
 
 LENGTHS = (7, 3, 12, 1, 5)
@@ -175,3 +177,15 @@ def test_generate_position_ids_under_left_padding_and_beams_are_not_documents():
                  **{_cache_name(first): getattr(first, _cache_name(first))})
     full = [model(torch.cat([p, torch.tensor([t])])[None]).logits[0, -1] for p, t in zip(prompts, (3, 4))]
     torch.testing.assert_close(step.logits[:, -1], torch.stack(full), rtol=1e-4, atol=1e-4)
+
+
+def test_one_document_per_row_is_a_plain_batch():
+    """position_ids 0..n-1 on every row mark nothing to separate: a head pools its padding mask as without them."""
+    model = build(TnnForSequenceClassification, "dense")
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 10, 11]])
+    plain = model(input_ids=ids).logits
+    with_positions = model(input_ids=ids, position_ids=torch.arange(4).expand(2, 4)).logits
+    torch.testing.assert_close(with_positions, plain)
+    with pytest.raises(ValueError, match="not both"):
+        model.model(input_ids=ids, position_ids=torch.arange(4).expand(2, 4),
+                    documents=build_layout([[2, 2], [4]], 4, ids.device))
