@@ -11,7 +11,8 @@ shape from a :class:`ConvolutionPolicy`:
 - ``OVERLAP_SAVE``: fixed-size FFT blocks for a kernel of fixed short support (FD) on a long input.
 
 Tests and benchmarks force a path by passing a policy or scoping one (``with convolution_policy(...)``). Packed
-sequences (several documents per row) are to be convolved here too, per document, so that no mixer changes.
+sequences (several documents per row) reach :func:`convolve` as batches of documents (ops_documents gathers them by
+length, TokenMixer.forward runs each bucket through the mixer's own operator), so no mixer and no path changes.
 """
 
 from __future__ import annotations
