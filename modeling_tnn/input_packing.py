@@ -160,9 +160,9 @@ def document_layout(packing: dict[str, Any], *, batch: int, width: int, attentio
             raise ValueError(f"{', '.join(sorted(set(given) - {'position_ids'}))}: packed batches do not run under "
                              "torch.compile / torch.export.")
         return None
-    mask = None if attention_mask is None else attention_mask[:, -width:]
     if continues_cache and width == 1 and set(given) == {"position_ids"}:
         return None  # a decoding step: one position per row, nothing to check (no operator, no synchronisation)
+    mask = None if attention_mask is None else attention_mask[:, -width:]
     padded = mask is not None and bool((mask == 0).any())
     if continues_cache or padded:
         others = sorted(set(given) - {"position_ids"})

@@ -45,10 +45,6 @@ def build(model_class, mixer: str, **overrides):
     return model_class(tiny_config(mixer, causal=causal, num_labels=3, ski_rank=3, **overrides)).double().eval()
 
 
-def first_output(output) -> torch.Tensor:
-    return output.logits
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("model_class,mixer", HEADS)
 def test_each_document_of_a_packed_batch_equals_it_alone(model_class, mixer, mode):

@@ -20,7 +20,8 @@ from modeling_tnn.recipes.pretraining.data import group_texts
 from modeling_tnn.recipes.pretraining.evaluation import InputBuilder
 
 from tests.recipes.test_glue import COMMON, classification_rows, write_rows
-from tests.support import save_with_tokenizer, tiny_config
+from tests.recipes.test_glue import tiny_mlm_checkpoint  # noqa: F401 (a fixture the finetuning test takes)
+from tests.support import TINY_PRETRAINING, run_pretraining, tiny_config
 
 
 def test_the_flattening_collator_keeps_one_label_per_example():
@@ -39,23 +40,15 @@ def test_padding_free_cannot_be_combined_with_padding_to_max_length(tmp_path):
         glue_args(["--task_name", "sst2", "--output_dir", str(tmp_path), "--padding_free", "--pad_to_max_length"])
 
 
-@pytest.fixture
-def sentiment_checkpoint(tmp_path, tokenizer):
-    folder = tmp_path / "mlm"
-    save_with_tokenizer(TnnForMaskedLM(tiny_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)),
-                        tokenizer, folder)
-    return folder
-
-
 @pytest.mark.parametrize("train", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_padding_free_finetuning_gives_the_padded_metrics(tmp_path, sentiment_checkpoint, train):
+def test_padding_free_finetuning_gives_the_padded_metrics(tmp_path, tiny_mlm_checkpoint, train):
     """The same checkpoint and data, padded or packed: the same evaluation (and, after the same steps, the same
     model within float32 rounding), since every example is mixed and pooled alone either way."""
     files = {"--train_file": write_rows(tmp_path / "train.csv", classification_rows()),
              "--validation_file": write_rows(tmp_path / "valid.csv", classification_rows(2))}
     results = {}
     for padding_free in (False, True):
-        args = ["--model_name_or_path", str(sentiment_checkpoint), *(f"{k}={v}" for k, v in files.items()),
+        args = ["--model_name_or_path", str(tiny_mlm_checkpoint), *(f"{k}={v}" for k, v in files.items()),
                 "--output_dir", str(tmp_path / f"out{padding_free}"), *COMMON, "--per_device_train_batch_size", "4",
                 "--max_steps", "2" if train else "0", *(["--padding_free"] if padding_free else [])]
         if not train:
@@ -110,3 +103,28 @@ def test_the_packing_benchmark_runs_at_toy_size(tmp_path):
     assert len(info["lengths"]) == 6 and 0 <= info["padding_fraction"] < 1
     assert {"speedup SST-2 lengths", "speedup equal lengths"} <= set(info)
     assert "padding fraction" in (tmp_path / "table.md").read_text()
+
+
+@pytest.mark.parametrize("task", ["clm", "mlm"])
+def test_pretraining_with_documents_packing_trains(tmp_path, task):
+    from modeling_tnn.recipes.pretraining import arguments, setup
+
+    lines = [f"the {word} sat on the mat {i}" for i in range(60) for word in ("cat", "dog")]
+    (tmp_path / "train.txt").write_text("\n".join(lines[:100]) + "\n")
+    (tmp_path / "valid.txt").write_text("\n".join(lines[100:]) + "\n")
+    argv = TINY_PRETRAINING + ["--train_file", str(tmp_path / "train.txt"), "--validation_file",
+                               str(tmp_path / "valid.txt"), "--output_dir", str(tmp_path / "out"),
+                               "--max_train_steps", "2", "--per_device_train_batch_size", "4", "--packing", "documents"]
+    outcome = run_pretraining(task, argv)
+    results = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert outcome is not None and torch.isfinite(torch.tensor(results["eval_loss"]))
+    again = [tmp_path / "again" if value == str(tmp_path / "out") else value for value in argv]
+    session = setup.setup(arguments.parse_args(task, [str(value) for value in again]), task)
+    batch = next(iter(session.train_dataloader))
+    inputs = session.build_inputs(batch)
+    assert "position_ids" in inputs and bool((inputs["position_ids"][:, 0] == 0).all())
+    assert bool((inputs["position_ids"][:, 1:] == 0).any())  # rows shorter than a block: restarts inside blocks
+    if task == "clm":
+        assert bool((inputs["labels"][inputs["position_ids"] == 0] == -100).all())
+    with pytest.raises(SystemExit):  # argparse: "argument --packing: invalid choice: 'rows'"
+        arguments.parse_args(task, TINY_PRETRAINING + ["--packing", "rows"])
