@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-# Bucket lengths: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5x them), so a document is padded by less
-# than half its length and a batch of mixed lengths runs as a few blocks.
+
 def bucket_length(length: int) -> int:
-    """The smallest value of the ladder 2^k, 3 * 2^(k-1) that holds ``length``."""
+    """The smallest value of the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^(k-1)) that holds
+    ``length``: the documents of one bucket are padded by less than half their length, and a batch of mixed lengths
+    runs as a few blocks."""
     power = 1
     while power < length:
         if power >= 2 and power + power // 2 >= length:

@@ -68,3 +68,17 @@ def test_pooling_gives_one_row_per_document(last):
     docs = [hidden[0, :2], hidden[0, 2:], hidden[1, :1], hidden[1, 1:]]
     expected = torch.stack([d[-1] if last else d.mean(0) for d in docs])
     torch.testing.assert_close(pooled, expected)
+
+
+def test_a_long_row_of_short_documents_is_mixed_as_short_rows():
+    """64 sentences in one 1,000-token row: the mixer's operator never sees a row longer than the longest sentence
+    (no FFT as long as the row)."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, 30, (64,), generator=generator).tolist()
+    layout = build_layout([lengths], sum(lengths), torch.device("cpu"))
+    seen = []
+    x = torch.randn(1, sum(lengths), 4)
+    y = layout.mix(x, lambda block, mask: seen.append(tuple(block.shape)) or block * 2)
+    torch.testing.assert_close(y, x * 2)
+    assert max(n for _, n, _ in seen) == max(lengths) and sum(d for d, _, _ in seen) == 64
+    assert sum(d * n for d, n, _ in seen) < 1.5 * sum(lengths)  # the buckets' padding stays below half
