@@ -185,3 +185,10 @@ def test_one_document_per_row_is_a_plain_batch():
     with pytest.raises(ValueError, match="not both"):
         model.model(input_ids=ids, position_ids=torch.arange(4).expand(2, 4),
                     documents=build_layout([[2, 2], [4]], 4, ids.device))
+
+
+def test_generate_from_a_packed_prompt_is_refused():
+    model = build(TnnForCausalLM, "dense").float()
+    batch = packed(documents())
+    with pytest.raises(ValueError, match="no decoding cache"):
+        model.generate(input_ids=batch["input_ids"], position_ids=batch["position_ids"], max_new_tokens=2)
