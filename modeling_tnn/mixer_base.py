@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .ops_dispatch import ConvolutionKernel, convolve
+from .ops_dispatch import ConvolutionKernel, convolve, shared_kernel
 from .runtime import as_dtype, compute_dtype, tracing
 
 if TYPE_CHECKING:
@@ -61,9 +61,21 @@ class TokenMixer(nn.Module):
             inputs = as_dtype(x, dtype)
             if documents is None:
                 y = self.mix(inputs, attention_mask, input_map)
-            else:  # the packed rows carry no padding: each block brings the mask of its documents' real tokens
-                y = documents.mix(inputs if input_map is None else input_map(inputs), self.mix)
+            else:
+                y = self.mix_documents(inputs if input_map is None else input_map(inputs), documents)
         return as_dtype(y, x.dtype)
+
+    def mix_documents(self, x: torch.Tensor, documents: DocumentLayout) -> torch.Tensor:
+        """Each document of a packed batch mixed alone by this mixer's operator, bucket by bucket (ops_documents);
+        each bucket brings the mask of its documents' real tokens. A convolution evaluates its kernel once, at the
+        longest document's reach, for every bucket (ops_dispatch.shared_kernel)."""
+        if type(self).mix is not TokenMixer.mix:  # an operator of its own (SKI)
+            return documents.mix(x, self.mix)
+        reach = max(documents.lengths) - 1
+        if self.fixed_support is not None:
+            reach = min(reach, self.fixed_support)
+        kernel = shared_kernel(self.convolution_kernel(x.device, x.dtype), reach)
+        return documents.mix(x, lambda block, mask: convolve(block, kernel, self.recompute_spectra))
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, input_map: InputMap | None = None
             ) -> torch.Tensor:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from modeling_tnn.ops_documents import DocumentLayout, bucket_length, build_layout, pool_documents
-from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy
+from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy, shared_kernel
 from modeling_tnn.tnn_block import build_token_mixer
 
 from tests.support import tiny_config
@@ -51,11 +51,12 @@ def test_packed_rows_mix_as_their_documents_alone(kind, causal, lengths, direct)
 def test_buckets_follow_the_documents_not_the_row():
     layout = build_layout([[5, 40, 6, 9], [60]], 60, torch.device("cpu"))
     assert isinstance(layout, DocumentLayout) and layout.documents == 5 and layout.uniform is None
-    # 5 and 6 share the bucket of 6, 9 is 12's, 40 is 48's, 60 is 64's, each padded to its longest document only
-    assert layout.buckets == ((2, 6), (1, 9), (1, 40), (1, 60))
+    # 5 and 6 share the bucket of 8, 9 is 16's, 40 and 60 64's, each padded to its longest document only
+    assert layout.buckets == ((2, 6), (1, 9), (2, 60))
     assert layout.masks[0].tolist() == [[1, 1, 1, 1, 1, 0], [1] * 6] and layout.masks[1] is None
-    assert len(set(layout.slots.tolist())) == 120 and max(layout.slots.tolist()) < 12 + 9 + 40 + 60
-    assert [bucket_length(n) for n in (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33)] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
+    assert layout.masks[2].sum(1).tolist() == [40, 60]
+    assert len(set(layout.slots.tolist())) == 120 and max(layout.slots.tolist()) < 12 + 9 + 120
+    assert [bucket_length(n) for n in (1, 2, 3, 4, 5, 7, 9, 13, 17, 33)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64]
     uniform = build_layout([[4, 4], [4, 4]], 8, torch.device("cpu"))
     assert uniform.uniform == 4 and uniform.slots is None
 
@@ -81,4 +82,16 @@ def test_a_long_row_of_short_documents_is_mixed_as_short_rows():
     y = layout.mix(x, lambda block, mask: seen.append(tuple(block.shape)) or block * 2)
     torch.testing.assert_close(y, x * 2)
     assert max(n for _, n, _ in seen) == max(lengths) and sum(d for d, _, _ in seen) == 64
-    assert sum(d * n for d, n, _ in seen) < 1.5 * sum(lengths)  # the buckets' padding stays below half
+    assert sum(d * n for d, n, _ in seen) < 2 * sum(lengths)  # each document padded to less than twice its length
+
+
+@pytest.mark.parametrize("kind,causal", CASES[:4])
+def test_a_shared_kernel_cuts_the_same_taps_and_spectra(kind, causal):
+    mixer = build_token_mixer(tiny_config(kind, causal=causal, fd_kernel_length=8), 3).double()
+    kernel = mixer.convolution_kernel(torch.device("cpu"), torch.float64)
+    reach = 7 if kind == "fd" else 20
+    shared = shared_kernel(kernel, reach)
+    for r in (0, 3, reach):
+        torch.testing.assert_close(shared.taps(r), kernel.taps(r), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(shared.spectrum(r, 32), kernel.spectrum(r, 32), rtol=1e-10, atol=1e-12)
+    assert shared.spectrum(3, 32) is shared.spectrum(3, 32)  # built once per grid and reach
