@@ -55,7 +55,7 @@ def split_keywords(kwargs: dict[str, Any], owner: str, causal: bool, loss: tuple
         elif key in loss:
             loss_kwargs[key] = value
         elif key in _FALSE_ONLY:
-            if value:
+            if value is not None and (isinstance(value, torch.Tensor) or value):  # None, False, 0: off
                 raise ValueError(f"{owner}: {key}={value!r} is not supported: {_FALSE_ONLY[key]}.")
         elif key == "is_causal":
             if value is not None and bool(value) != causal:

@@ -136,6 +136,10 @@ def test_unknown_keywords_raise_a_type_error_naming_them(model_class):
     with pytest.raises(ValueError, match="output_attentions"):
         model(input_ids=ids, output_attentions=True)
     model(input_ids=ids, output_attentions=False, output_router_logits=None, is_causal=model.config.causal)
+    if model_class is not TnnForCausalLM:
+        with pytest.raises(ValueError, match="logits_to_keep"):
+            model(input_ids=ids, logits_to_keep=torch.tensor([0]))
+        model(input_ids=ids, logits_to_keep=0, use_cache=False)
     if model_class is TnnModel:
         with pytest.raises(TypeError, match="num_items_in_batch"):
             model(input_ids=ids, num_items_in_batch=3)
