@@ -5,9 +5,9 @@ sentence has one length (where packing must cost nothing: no padding to save).
 
     python run_scripts/bench_packing.py --output_dir results/bench_packing
 
-Sentence lengths: SST-2's training sentences (``glue/SST-2/train.tsv`` under the data folder, see
-recipes/common/data_location.py) in whitespace words plus two special tokens; without the data, the same
-distribution from :data:`SST2_LENGTHS` (its histogram). The padding fraction of the sampled batch is reported.
+Sentence lengths: SST-2's training sentences in whitespace words plus two special tokens, from
+:data:`SST2_LENGTHS` (their histogram, counted from GLUE's SST-2 ``train.tsv``), or from that file itself with
+``--sst2_tsv``. The padding fraction of the sampled batch is reported.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch
 
 from modeling_tnn import TnnForMaskedLM, load_preset
 
-from ..common.data_location import find_data_dir
 from .harness import CLOCK, command_line, interleaved, label_of, set_threads, timing_rows, workload, write_report
 
 SCRIPT = "run_scripts/bench_packing.py"
@@ -34,14 +33,13 @@ SST2_LENGTHS = {3: 4270, 4: 7241, 5: 7031, 6: 5511, 7: 4578, 8: 4019, 9: 3594, 1
                 46: 24, 47: 27, 48: 17, 49: 9, 50: 11, 51: 9, 52: 7, 53: 6, 54: 3}
 
 
-def sst2_lengths() -> tuple[list[int], str]:
-    """Every SST-2 training sentence's length and where it came from (the data file, else the histogram)."""
-    data = find_data_dir()
-    tsv = None if data is None else data / "glue" / "SST-2" / "train.tsv"
-    if tsv is not None and tsv.is_file():
-        rows = tsv.read_text().splitlines()[1:]
-        return [len(row.split("\t")[0].split()) + 2 for row in rows if row], "glue/SST-2/train.tsv"
-    return [n for n, count in SST2_LENGTHS.items() for _ in range(count)], "embedded SST-2 histogram"
+def sst2_lengths(tsv: str | None = None) -> tuple[list[int], str]:
+    """Every SST-2 training sentence's length and where it came from: the ``tsv`` file (GLUE's SST-2 train.tsv)
+    when given, else the embedded histogram."""
+    if tsv is not None:
+        rows = Path(tsv).read_text().splitlines()[1:]
+        return [len(row.split("\t")[0].split()) + 2 for row in rows if row], "SST-2 train.tsv"
+    return [n for n, count in SST2_LENGTHS.items() for _ in range(count)], "the SST-2 length histogram"
 
 
 def sample_batch(lengths: list[int], batch_size: int, seed: int) -> list[int]:
@@ -74,7 +72,7 @@ def step_of(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
 
 def measure(args: argparse.Namespace) -> tuple[dict, dict]:
     """The timings of the four variants and what they ran on."""
-    all_lengths, source = sst2_lengths()
+    all_lengths, source = sst2_lengths(args.sst2_tsv)
     batch = sample_batch(all_lengths, args.batch_size, args.seed)
     equal = [args.equal_length] * args.batch_size
     overrides = {} if args.hidden_size is None else {"hidden_size": args.hidden_size}
@@ -116,6 +114,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="which batch of sentences is drawn")
+    parser.add_argument("--sst2_tsv", default=None, help="GLUE's SST-2 train.tsv to read the lengths from (default: "
+                                                         "the embedded histogram of the same file)")
     parser.add_argument("--equal_length", type=int, default=24, help="length of every sentence of the equal batch")
     parser.add_argument("--token_mixer", default="dense", choices=("dense", "fd", "ski"))
     parser.add_argument("--hidden_size", type=int, default=None, help="override the preset's (toy runs)")
