@@ -17,7 +17,9 @@ Every keyword a forward receives is used or refused (:func:`split_keywords`):
 When position_ids mark documents: only without a decoding cache and without padding. Under a padding mask (as
 ``generate`` builds them under left padding: 0 on padding, then 0, 1, 2, ... on the tokens) or while continuing a
 cache, they are positions: each row's real tokens must be numbered consecutively, and they are never read as
-document breaks. TNN's mixers are Toeplitz (relative), so positions carry nothing else.
+document breaks. TNN's mixers are Toeplitz (relative), so positions carry nothing else. Under torch.compile /
+torch.export (no values to read) position_ids are taken as positions in an inference graph (no gradients: what
+generate and transformers' exporter trace) and refused in a training graph; a packed batch must run eagerly.
 """
 
 from __future__ import annotations
@@ -155,10 +157,12 @@ def document_layout(packing: dict[str, Any], *, batch: int, width: int, attentio
     position_ids = given.get("position_ids")
     if position_ids is not None:
         position_ids = _per_token(position_ids, "position_ids", batch, width)
-    if tracing():  # no host-side layout in a traced graph: positions only
-        if set(given) - {"position_ids"}:
-            raise ValueError(f"{', '.join(sorted(set(given) - {'position_ids'}))}: packed batches do not run under "
-                             "torch.compile / torch.export.")
+    if tracing():  # no host-side layout in a traced graph: only positions of an inference graph (generate's)
+        if set(given) != {"position_ids"} or torch.is_grad_enabled():
+            raise ValueError(f"{', '.join(sorted(given))}: packed batches are not read under torch.compile / "
+                             "torch.export (their documents are laid out on the host): run a packed forward "
+                             "eagerly. A traced graph takes position_ids only without gradients, as positions (what "
+                             "generate and transformers' exporter pass).")
         return None
     if continues_cache and width == 1 and set(given) == {"position_ids"}:
         return None  # a decoding step: one position per row, nothing to check (no operator, no synchronisation)

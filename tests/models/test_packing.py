@@ -196,3 +196,18 @@ def test_generate_from_a_packed_prompt_is_refused():
     batch = packed(documents())
     with pytest.raises(ValueError, match="no decoding cache"):
         model.generate(input_ids=batch["input_ids"], position_ids=batch["position_ids"], max_new_tokens=2)
+
+
+def test_a_traced_training_forward_refuses_packed_position_ids(monkeypatch):
+    """Under torch.compile / export (no values to read) position_ids are positions of an inference graph only: a
+    traced training forward that gets them is refused instead of mixing the documents it cannot lay out."""
+    from modeling_tnn import input_packing
+
+    monkeypatch.setattr(input_packing, "tracing", lambda: True)
+    batch = {"position_ids": packed(documents())["position_ids"]}
+    with pytest.raises(ValueError, match="torch.compile"):
+        input_packing.document_layout(batch, batch=1, width=28, attention_mask=None, continues_cache=False,
+                                      device=torch.device("cpu"))
+    with torch.no_grad():
+        assert input_packing.document_layout(batch, batch=1, width=28, attention_mask=None, continues_cache=False,
+                                             device=torch.device("cpu")) is None
