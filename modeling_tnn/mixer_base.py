@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .ops_dispatch import ConvolutionKernel, convolve
+from .ops_dispatch import ConvolutionKernel, convolve, shared_kernel
 from .runtime import as_dtype, compute_dtype, tracing
 
 if TYPE_CHECKING:
+    from .ops_documents import DocumentLayout
     from .ops_fused_gating import InputMap
 
 # Parameter-free tensors (TokenMixer.constant) a mixer keeps: one or two per input length it has seen.
@@ -51,13 +52,30 @@ class TokenMixer(nn.Module):
         self.recompute_spectra = recompute_spectra
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                input_map: InputMap | None = None) -> torch.Tensor:
+                input_map: InputMap | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
         """Mix ``x`` (b, n, channels), or ``input_map(x)`` when given (the map then runs inside the operator, which
-        keeps only ``x`` for backward where it can; see ops_fused_gating)."""
+        keeps only ``x`` for backward where it can; see ops_fused_gating). With ``documents`` (a packed batch) each
+        document is mixed alone by this mixer's own operator (ops_documents)."""
         dtype = compute_dtype(x.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            y = self.mix(as_dtype(x, dtype), attention_mask, input_map)
+            inputs = as_dtype(x, dtype)
+            if documents is None:
+                y = self.mix(inputs, attention_mask, input_map)
+            else:
+                y = self.mix_documents(inputs if input_map is None else input_map(inputs), documents)
         return as_dtype(y, x.dtype)
+
+    def mix_documents(self, x: torch.Tensor, documents: DocumentLayout) -> torch.Tensor:
+        """Each document of a packed batch mixed alone by this mixer's operator, bucket by bucket (ops_documents);
+        each bucket brings the mask of its documents' real tokens. A convolution evaluates its kernel once, at the
+        longest document's reach, for every bucket (ops_dispatch.shared_kernel)."""
+        if type(self).mix is not TokenMixer.mix:  # an operator of its own (SKI)
+            return documents.mix(x, self.mix)
+        reach = max(documents.lengths) - 1
+        if self.fixed_support is not None:
+            reach = min(reach, self.fixed_support)
+        kernel = shared_kernel(self.convolution_kernel(x.device, x.dtype), reach)
+        return documents.mix(x, lambda block, mask: convolve(block, kernel, self.recompute_spectra))
 
     def mix(self, x: torch.Tensor, attention_mask: torch.Tensor | None, input_map: InputMap | None = None
             ) -> torch.Tensor:

@@ -25,7 +25,9 @@ from .configuration_tnn import TnnConfig
 from .decoding_cache import TnnCache
 from .decoding_plan import fit_plan
 from .decoding_plan_file import load_plan_file, save_with_plan
+from .input_packing import CAUSAL_LM_LOSS_KEYWORDS, LOSS_KEYWORDS, backbone_documents, split_keywords
 from .input_validation import validate_model_inputs
+from .ops_documents import DocumentLayout, pool_documents
 from .tnn_block import Dropout, TnnBlock, build_final_norm
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; support both.
@@ -148,6 +150,8 @@ class TnnModel(TnnPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         generation_cache: str | None = None,
+        position_ids: torch.LongTensor | None = None,
+        documents: DocumentLayout | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         """Run the backbone. ``attention_mask`` is a 2-D padding mask (1 = token, 0 = padding); while decoding it
@@ -157,6 +161,10 @@ class TnnModel(TnnPreTrainedModel):
         ``generation_cache`` mode (``"auto"``, ``"etsc"`` or ``"exact"``; default ``config.generation_cache``); an
         eval-mode forward of a causal model returns one unless ``use_cache=False`` (or ``config.use_cache`` is
         False). Passing that cache back makes the next call continue the sequence in constant time per token.
+
+        Packed batches (docs/packed-sequences.md): ``position_ids`` restarting at 0, ``cu_seq_lens_q/k`` with
+        ``max_length_q/k`` or ``seq_idx`` (``DataCollatorWithFlattening``'s keywords), or a ``documents`` layout
+        from a head, mix each document alone; other keywords: modeling_tnn.input_packing.
         """
         validate_model_inputs(input_ids, attention_mask, inputs_embeds,
                               vocab_size=getattr(self.embeddings, "num_embeddings", self.config.vocab_size),
@@ -167,6 +175,10 @@ class TnnModel(TnnPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         cache = cache if cache is not None else past_key_values
+        packing, _ = split_keywords(kwargs, type(self).__name__, self.config.causal, loss=())
+        documents, use_cache = backbone_documents(documents, {"position_ids": position_ids, **packing},
+                                                  input_ids if input_ids is not None else inputs_embeds,
+                                                  attention_mask, cache is not None, use_cache)
         if inputs_embeds is None:
             inputs_embeds = self.embeddings(input_ids)
         length = inputs_embeds.shape[1]
@@ -188,7 +200,7 @@ class TnnModel(TnnPreTrainedModel):
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
-            hidden_states = layer(hidden_states, attention_mask=attention_mask, cache=cache)
+            hidden_states = layer(hidden_states, attention_mask=attention_mask, cache=cache, documents=documents)
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
@@ -242,10 +254,14 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         generation_cache: str | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
-        """Causal LM forward; ``labels`` are the unshifted input ids (the loss shifts them), -100 is ignored."""
+        """Causal LM forward; ``labels`` are the unshifted input ids (the loss shifts them), -100 is ignored. A packed
+        batch (see :meth:`TnnModel.forward`) takes labels that are -100 at each document's first token, as
+        DataCollatorWithFlattening writes them."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        packing, kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal, CAUSAL_LM_LOSS_KEYWORDS)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -255,6 +271,8 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states,
             return_dict=True,
             generation_cache=generation_cache,
+            position_ids=position_ids,
+            **packing,
         )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int):
@@ -348,8 +366,9 @@ class TnnForMaskedLM(TnnPreTrainedModel):
     ) -> MaskedLMOutput | tuple:
         """Masked LM forward; ``labels`` hold the original ids at masked positions and -100 elsewhere."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        packing, kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                             output_hidden_states=output_hidden_states, return_dict=True)
+                             output_hidden_states=output_hidden_states, return_dict=True, **packing)
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
@@ -388,13 +407,19 @@ class _TnnEncoderHead(TnnPreTrainedModel):
                                                          device=reference.device)
 
     def _backbone(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
-                  inputs_embeds: torch.Tensor | None,
-                  output_hidden_states: bool | None) -> tuple[BaseModelOutputWithPast, torch.Tensor | None]:
-        """The backbone's output and the padding mask it ran on."""
-        mask = self._padding_mask(input_ids, attention_mask, inputs_embeds)
+                  inputs_embeds: torch.Tensor | None, output_hidden_states: bool | None, kwargs: dict,
+                  loss: tuple[str, ...] = LOSS_KEYWORDS
+                  ) -> tuple[BaseModelOutputWithPast, torch.Tensor | None, DocumentLayout | None, dict]:
+        """The backbone's output, the padding mask it ran on, the documents of a packed batch (packed rows have no
+        padding: no mask is inferred from pad ids) and the loss keywords of ``kwargs``."""
+        packing, loss_kwargs = split_keywords(kwargs, type(self).__name__, self.config.causal, loss)
+        documents = backbone_documents(None, packing, input_ids if input_ids is not None else inputs_embeds,
+                                       attention_mask, False, False)[0] if packing else None
+        mask = attention_mask if documents is not None else self._padding_mask(input_ids, attention_mask,
+                                                                                inputs_embeds)
         outputs = self.model(input_ids=input_ids, attention_mask=mask, inputs_embeds=inputs_embeds, use_cache=False,
-                             output_hidden_states=output_hidden_states, return_dict=True)
-        return outputs, mask
+                             output_hidden_states=output_hidden_states, return_dict=True, documents=documents)
+        return outputs, mask, documents, loss_kwargs
 
 
 class TnnForSequenceClassification(_TnnEncoderHead):
@@ -413,12 +438,16 @@ class TnnForSequenceClassification(_TnnEncoderHead):
         self.score = nn.Linear(self.config.hidden_size, self.config.num_labels)
         self.post_init()
 
-    def pool(self, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def pool(self, hidden_states: torch.Tensor, mask: torch.Tensor | None,
+             documents: DocumentLayout | None = None) -> torch.Tensor:
         """The last real token (works for left and right padding) or the mean over the real tokens (``mask``: 1 =
-        token), as ``config.classifier_pooling`` says (``"auto"``: last if causal, mean if bidirectional)."""
+        token), as ``config.classifier_pooling`` says (``"auto"``: last if causal, mean if bidirectional); for a
+        packed batch, one row per document (``documents``)."""
         pooling = self.config.classifier_pooling
         if pooling == "auto":
             pooling = "last" if self.config.causal else "mean"
+        if documents is not None:
+            return pool_documents(hidden_states, documents, last=pooling == "last")
         if pooling == "last":
             positions = torch.arange(mask.shape[1], device=mask.device)
             last = (positions * (mask > 0)).argmax(dim=1)
@@ -438,8 +467,9 @@ class TnnForSequenceClassification(_TnnEncoderHead):
     ) -> SequenceClassifierOutput | tuple:
         """Classify whole sequences; ``labels`` are class ids, floats (regression) or multi-hot rows."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs, mask = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
-        pooled = self.pool(outputs.last_hidden_state, mask)
+        outputs, mask, documents, kwargs = self._backbone(input_ids, attention_mask, inputs_embeds,
+                                                          output_hidden_states, kwargs)
+        pooled = self.pool(outputs.last_hidden_state, mask, documents)
         logits = self.score(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
         loss = None
         if labels is not None:
@@ -476,7 +506,7 @@ class TnnForTokenClassification(_TnnEncoderHead):
         cross-entropy over the labelled tokens (``num_items_in_batch`` from Trainer makes it a sum over that count).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs, _ = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
+        outputs, _, _, kwargs = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states, kwargs)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
@@ -511,7 +541,10 @@ class TnnForQuestionAnswering(_TnnEncoderHead):
         ``start_positions`` and ``end_positions`` (token indices, shape ``(batch,)``) the loss is the mean of the
         start and end cross-entropies; positions outside the input are clamped to its length and ignored."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs, _ = self._backbone(input_ids, attention_mask, inputs_embeds, output_hidden_states)
+        outputs, _, documents, kwargs = self._backbone(input_ids, attention_mask, inputs_embeds,
+                                                       output_hidden_states, kwargs, ("num_items_in_batch",))
+        if documents is not None:
+            raise ValueError("TnnForQuestionAnswering does not take packed batches (one question per row).")
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
         start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
         loss = None

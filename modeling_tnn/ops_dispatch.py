@@ -11,7 +11,8 @@ shape from a :class:`ConvolutionPolicy`:
 - ``OVERLAP_SAVE``: fixed-size FFT blocks for a kernel of fixed short support (FD) on a long input.
 
 Tests and benchmarks force a path by passing a policy or scoping one (``with convolution_policy(...)``). Packed
-sequences (several documents per row) are to be convolved here too, per document, so that no mixer changes.
+sequences (several documents per row) reach :func:`convolve` as batches of documents (ops_documents gathers them by
+length, TokenMixer.forward runs each bucket through the mixer's own operator), so no mixer and no path changes.
 """
 
 from __future__ import annotations
@@ -148,6 +149,27 @@ class ConvolutionKernel:
     spectrum_cached: bool = False
     native_spectrum: Callable[[int, int], bool] | None = None
     rebuild: Callable[[int], Callable[[], torch.Tensor] | None] | None = None
+
+
+def shared_kernel(kernel: ConvolutionKernel, reach: int) -> ConvolutionKernel:
+    """``kernel`` for several inputs of at most ``reach + 1`` tokens (the length buckets of a packed batch): its taps
+    are evaluated once, at ``reach``, and every shorter reach takes a slice of them (a kernel's value at a lag does not
+    depend on the reach it is asked at), and each spectrum is built once per grid (per reach too, unless it is the
+    kernel's native one). One kernel evaluation, and one backward through it, instead of one per bucket."""
+    memo: dict = {}
+
+    def taps(r: int) -> torch.Tensor:
+        if "taps" not in memo:
+            memo["taps"] = kernel.taps(reach)
+        return memo["taps"][: r + 1] if kernel.causal else memo["taps"][reach - r: reach + r + 1]
+
+    def spectrum(r: int, fft_len: int) -> torch.Tensor:
+        native = kernel.native_spectrum is not None and kernel.native_spectrum(r, fft_len)
+        key = (fft_len,) if native else (r, fft_len)
+        if key not in memo:
+            memo[key] = kernel.spectrum(r, fft_len)
+        return memo[key]
+    return dataclasses.replace(kernel, taps=taps, spectrum=None if kernel.spectrum is None else spectrum)
 
 
 class Path(enum.Enum):

@@ -11,6 +11,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .configuration_tnn import TnnConfig
 from .decoding_cache import TnnCache, mix_with_cache
 from .mixer_base import TokenMixer
+from .ops_documents import DocumentLayout
 from .ops_fused_gating import SiluMask, fuses_gating, silu_gate, silu_mask
 from .rpe import SimpleRMSNorm
 from .runtime import as_dtype, compute_dtype
@@ -40,22 +41,23 @@ class Gtu(nn.Module):
         self.token_mixer = build_token_mixer(config, width)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: TnnCache | None = None) -> torch.Tensor:
+                cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
         u_pre, v_pre = self.uv_proj(x).chunk(2, dim=-1)
-        return self.o_proj(self.gate(u_pre, v_pre, attention_mask, cache))
+        return self.o_proj(self.gate(u_pre, v_pre, attention_mask, cache, documents))
 
     def gate(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
-             cache: TnnCache | None = None) -> torch.Tensor:
+             cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
         """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``: through the fused ops where
-        ops_fused_gating.fuses_gating says so, else the plain composition; the same values either way."""
+        ops_fused_gating.fuses_gating says so, else the plain composition; the same values either way. With
+        ``documents`` (a packed batch, never with a cache) each document is mixed alone."""
         lean = cache is None and fuses_gating(u_pre, v_pre, self.token_mixer.recompute_spectra)
         if lean and v_pre.dtype == compute_dtype(v_pre.dtype):  # silu * mask inside the mixer's operator
-            mixed = self.token_mixer(v_pre, attention_mask, SiluMask(attention_mask))
+            mixed = self.token_mixer(v_pre, attention_mask, SiluMask(attention_mask), documents)
         elif cache is not None:  # decoding: the recurrent state mixes the gated, masked input
             mixed = mix_with_cache(self.token_mixer, silu_mask(v_pre, attention_mask), attention_mask,
                                    cache.layers[self.layer_idx], cache)
         else:
-            mixed = self.token_mixer(silu_mask(v_pre, attention_mask), attention_mask)
+            mixed = self.token_mixer(silu_mask(v_pre, attention_mask), attention_mask, documents=documents)
         mixed = as_dtype(mixed, u_pre.dtype)
         return silu_gate(u_pre, mixed) if lean else F.silu(u_pre) * mixed
 
@@ -98,12 +100,13 @@ class TnnBlock(GradientCheckpointingLayer):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: TnnCache | None = None) -> torch.Tensor:
+                cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
         if self.post_norm:
             hidden_states = self.token_norm(
-                hidden_states + self.dropout(self.gtu(hidden_states, attention_mask, cache)))
+                hidden_states + self.dropout(self.gtu(hidden_states, attention_mask, cache, documents)))
             return self.channel_norm(hidden_states + self.dropout(self.glu(hidden_states)))
-        hidden_states = hidden_states + self.dropout(self.gtu(self.token_norm(hidden_states), attention_mask, cache))
+        hidden_states = hidden_states + self.dropout(
+            self.gtu(self.token_norm(hidden_states), attention_mask, cache, documents))
         return hidden_states + self.dropout(self.glu(self.channel_norm(hidden_states)))
 
 

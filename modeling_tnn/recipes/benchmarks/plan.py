@@ -77,6 +77,8 @@ PLAN = (
     Step("bench_decode_profile", GENERATION, ("--profile_only", "1"), (*GENERATION_QUICK, "--profile_only", "1")),
     Step("bench_compact_fit", "run_scripts/bench_compact_fit.py", ("--runs", "3"), ("--runs", "1")),
     Step("bench_fd_compression", "run_scripts/bench_fd_compression.py", (), ()),
+    Step("bench_packing", "run_scripts/bench_packing.py", (), ("--rounds", "1", "--batch_size", "8", "--hidden_size",
+                                                               "32", "--equal_length", "8")),
     Step("bench_token_mixers", "run_scripts/bench_token_mixers.py", ("--lengths", "2048,4096,8192,16384",
                                                                      "--batches", "1", "--rounds", "5"),
          ("--lengths", "256,512", "--batches", "1", "--channels", "32", "--rounds", "1")),

@@ -88,6 +88,13 @@ class DataTrainingArguments:
         metadata={"help": "Pad every input to max_seq_length; the default pads each batch to its longest row, which "
                           "gives the same outputs for TNN (its padding masks are exact) and is faster."},
     )
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "Pack each batch into one row without padding (position_ids restarting at every example, "
+                          "one label per example; TNN models only): each example is still mixed and pooled alone, "
+                          "and a step costs its tokens instead of its longest row times the batch "
+                          "(docs/packed-sequences.md)."},
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep the first N rows of each evaluation split."}
@@ -115,6 +122,9 @@ class DataTrainingArguments:
                            ("--test_file", self.test_file)):
             if path is not None:
                 data_file_format(path, flag)
+        if self.padding_free and self.pad_to_max_length:
+            raise UsageError("--padding_free packs each batch without padding; it cannot be combined with "
+                             "--pad_to_max_length.")
         if self.max_seq_length < 1:
             raise UsageError(f"--max_seq_length must be positive, got {self.max_seq_length}.")
         for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):

@@ -27,6 +27,7 @@ from transformers import (
 from modeling_tnn import list_presets, load_preset
 
 from ..common.flag_checks import UsageError, check_local_source, exit_on_usage_error, first_line
+from ..common.flattening import DocumentFlatteningCollator
 from ..common.run_files import BENCHMARK_FILE, TOKENIZER_FILES
 from ..hub.run_inspection import DatasetRef
 from ..hub.upload import push_finished_run
@@ -227,8 +228,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if predict_datasets is not None:
             predict_datasets = {split: tokenized(ds, split) for split, ds in predict_datasets.items()}
 
-    # Dynamic padding is exact for TNN: the padding mask zeroes the token-mixer input at pad positions.
+    # Dynamic padding is exact for TNN: the padding mask zeroes the token-mixer input at pad positions; packing too:
+    # each example of a packed row is mixed and pooled alone.
     collator = default_data_collator if data_args.pad_to_max_length else DataCollatorWithPadding(tokenizer)
+    if data_args.padding_free:
+        if getattr(model.config, "model_type", None) != "tnn":
+            raise UsageError(f"--padding_free: {type(model).__name__} does not pool packed examples apart; use a TNN "
+                             "model or drop --padding_free.")
+        collator = DocumentFlatteningCollator()
     first_eval = next(iter(eval_datasets.values())) if eval_datasets else None
     trainer = Trainer(
         model=model,

@@ -56,6 +56,10 @@ class DataTrainingArguments:
     text_column: str | None = flag(help="the text column (default: 'text', else the first column)")
     max_eval_samples: int | None = flag(type=int, help="evaluate on at most this many blocks (periodic eval)")
     preprocessing_num_workers: int | None = flag(type=int, help="processes for tokenization")
+    packing: str = flag("concatenate", "how rows fill the blocks: 'concatenate' (run_clm's: a block mixes the rows it "
+                        "spans) or 'documents' (each row mixed alone inside its block: position_ids restart at 0 at "
+                        "every row and block start, and the causal loss skips each row's first token; TNN models "
+                        "only, see docs/packed-sequences.md)", choices=["concatenate", "documents"])
 
     def check(self) -> None:
         """Raise :class:`UsageError` for data flags that cannot work, before anything is loaded."""
@@ -176,13 +180,21 @@ def text_column_of(dataset: Dataset, requested: str | None, source: str = "the d
     return column
 
 
-def group_texts(examples: dict[str, list], block_size: int) -> dict[str, list]:
+def group_texts(examples: dict[str, list], block_size: int, documents: bool = False) -> dict[str, list]:
     """Concatenate the token lists of a batch of rows and cut them into ``block_size`` chunks (the remainder of the
-    batch is dropped), as HF's run_clm/run_mlm do."""
+    batch is dropped), as HF's run_clm/run_mlm do. With ``documents`` each block also gets ``position_ids`` that
+    restart at 0 where a row (a document) starts and at the block's start, so that the model mixes each document's
+    part of the block alone (``--packing documents``)."""
+    if documents:  # each row's positions, before the rows are concatenated
+        examples = {**examples, "position_ids": [list(range(len(ids))) for ids in examples["input_ids"]]}
     concatenated = {key: list(chain.from_iterable(values)) for key, values in examples.items()}
     total = len(concatenated["input_ids"]) // block_size * block_size
-    return {key: [values[i: i + block_size] for i in range(0, total, block_size)]
-            for key, values in concatenated.items()}
+    grouped = {key: [values[i: i + block_size] for i in range(0, total, block_size)]
+               for key, values in concatenated.items()}
+    if documents:  # a document cut by a block's start continues as a document of its own in that block
+        grouped["position_ids"] = [[p - block[0] if i < (block.index(0) if 0 in block else len(block)) else p
+                                    for i, p in enumerate(block)] for block in grouped["position_ids"]]
+    return grouped
 
 
 def load_tokenizer(source: str, flag: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
@@ -229,7 +241,8 @@ def tokenize_and_group(data: DataTrainingArguments, raw: DatasetDict, tokenizer:
                                   remove_columns=raw[split].column_names, desc=f"tokenizing {split}")
             for split in ("train", "validation")
         })
-        grouped = tokenized.map(partial(group_texts, block_size=block_size), batched=True,
+        grouped = tokenized.map(partial(group_texts, block_size=block_size, documents=data.packing == "documents"),
+                                batched=True,
                                 num_proc=data.preprocessing_num_workers, desc=f"grouping into {block_size}")
     for split in ("train", "validation"):
         if len(grouped[split]) == 0:

@@ -50,12 +50,16 @@ class InputBuilder:
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         ids = batch["input_ids"]
+        # --packing documents: the positions mark the documents; a document's first token is never predicted from
+        # the previous document (DataCollatorWithFlattening's rule)
+        packed = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
         if self.collator is None:  # a causal LM: no generation cache when scoring whole blocks
-            return {"input_ids": ids, "labels": ids, "use_cache": False}
+            labels = ids.masked_fill(batch["position_ids"] == 0, -100) if packed else ids
+            return {"input_ids": ids, "labels": labels, "use_cache": False, **packed}
         rows = [{"input_ids": row.cpu(), "special_tokens_mask": mask.cpu()}
                 for row, mask in zip(ids, batch["special_tokens_mask"])]
         masked = self.collator(rows)
-        return {"input_ids": masked["input_ids"].to(ids.device), "labels": masked["labels"].to(ids.device)}
+        return {"input_ids": masked["input_ids"].to(ids.device), "labels": masked["labels"].to(ids.device), **packed}
 
 
 @torch.no_grad()

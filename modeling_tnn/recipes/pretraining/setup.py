@@ -249,6 +249,12 @@ def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | Non
                                       eval_lengths=out.eval_length_list)
     model = build_model(args.model, task, config, tokenizer)
     silence_tied_weight_warning(model)
+    if data_args.packing == "documents" and loop.torch_compile:
+        raise UsageError("--packing documents lays out each batch's documents on the host, which a compiled model "
+                         "cannot: drop --torch_compile or use --packing concatenate.")
+    if data_args.packing == "documents" and getattr(model.config, "model_type", None) != "tnn":
+        raise UsageError(f"--packing documents: {type(model).__name__} does not mix documents apart from their "
+                         "position_ids; use a TNN model or --packing concatenate.")
     limit = position_limit(model)
     if limit is not None and loop.block_size > limit:
         raise UsageError(f"--block_size {loop.block_size} exceeds the model's position table ({limit}).")

@@ -6,6 +6,7 @@
 # pytest on it in a subprocess, so the relative imports below resolve inside that tree.
 #
 # Every place where TNN differs from what the mixins assume is adapted below, with the reason beside it.
+import contextlib
 import unittest
 from unittest import mock
 
@@ -176,6 +177,30 @@ class TnnDenseModelTest(TnnModelTestBase, GenerationTesterMixin, unittest.TestCa
             self.assertTrue(states)
             for state in states:
                 self.assertEqual(state.shape[0], batch_size)
+
+    # TNN mixes every document of a packed row alone (docs/packed-sequences.md), which this test checks against the
+    # left-padded batch. The mixin skips models without attentions, stateful ones and those without an attention
+    # backend (its guesses at which models pack), and needs padding in the dummy batch: here those conditions are
+    # met for its duration (every other row of the dummy batch left-padded by three tokens).
+    def test_eager_padding_matches_padding_free_with_position_ids(self):
+        forward = TnnForCausalLM.forward
+        config, inputs = self.model_tester.prepare_config_and_inputs_for_common()
+        mask = inputs["attention_mask"].clone()
+        mask[::2, :3] = 0
+        self.assertIn(TnnForCausalLM, self.all_generative_model_classes)
+        calls = []
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch.object(self, "has_attentions", True))
+            stack.enter_context(mock.patch.object(self.model_tester, "prepare_config_and_inputs_for_common",
+                                                  return_value=(config, {**inputs, "attention_mask": mask})))
+            for cls in self.all_generative_model_classes:
+                stack.enter_context(mock.patch.object(cls, "_is_stateful", False))
+                stack.enter_context(mock.patch.object(cls, "_supports_attention_backend", True))
+            stack.enter_context(mock.patch.object(TnnForCausalLM, "forward", autospec=True,
+                                                  side_effect=lambda *a, **kw: calls.append(kw) or forward(*a, **kw)))
+            super().test_eager_padding_matches_padding_free_with_position_ids()
+        # it compared the padded batch with the packed one (restarting position_ids, no padding)
+        self.assertEqual([("attention_mask" in kw, "position_ids" in kw) for kw in calls], [(True, True), (False, True)])
 
     # Two TNN caches are equal when their flattened pytrees are: the same structure (plans, tokens seen) and the same
     # tensors (states and kernel constants). The cache registers itself as a pytree for torch.export.
