@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .decoding_state import DecodingState, pole_powers
+from .decoding_state import DecodingState, pole_power_range, pole_powers
 from .decoding_window import reversed_taps, ring_order, ring_slot, slot_read, slot_write, window_read, window_state
 
 if TYPE_CHECKING:
@@ -42,10 +42,12 @@ def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tenso
     block = min(steps, MODAL_BLOCK)
     blocks = -(-steps // block)
     inputs = torch.nn.functional.pad(inputs.to(torch.float32), (0, 0, blocks * block - steps, 0))
-    rows = inputs.reshape(b * blocks, block, c).permute(2, 0, 1).contiguous()               # (c, b * blocks, block)
-    local = pole_powers(poles, torch.arange(block - 1, -1, -1, device=poles.device)).permute(1, 0, 2)  # z**(B-1-i)
+    # Each block's inputs newest first, against z**i ascending (= oldest first against z**(B-1-i)): the flip moves the
+    # inputs, not the complex powers; the powers come from a grid of B + M exps per pole (exp dominated the prefill).
+    rows = inputs.reshape(b * blocks, block, c).flip(1).permute(2, 0, 1).contiguous()       # (c, b * blocks, block)
+    local = pole_power_range(poles, 0, block)                                                # (B, c, r)
     with torch.autocast(device_type=rows.device.type, enabled=False):  # the state stays float32 under autocast
-        within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1))                # (c, b * blocks, 2r)
+        within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1).transpose(0, 1))  # (c, b * blocks, 2r)
     within = torch.complex(within[..., :modes], within[..., modes:]).reshape(c, b, blocks, modes)
     later = torch.arange(blocks - 1, -1, -1, device=poles.device) * block
     across = pole_powers(poles, later).permute(1, 0, 2)                                      # (c, blocks, r)
@@ -54,7 +56,7 @@ def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tenso
 
 def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
     """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c)."""
-    powers = pole_powers(poles, torch.arange(1, steps + 1, device=poles.device))            # (steps, c, r)
+    powers = pole_power_range(poles, 1, steps)                                              # (steps, c, r)
     return torch.einsum("icr,bcr->bic", powers, state).real
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
-from .decoding_state import pole_powers
+from .decoding_state import power_grid
 from .mixer_base import TokenMixer
 from .ops_fft_sizes import smooth_size
 from .rpe import Rpe
@@ -149,16 +149,11 @@ def realisation_poles(dominant: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return poles, keep
 
 
-def power_grid(poles: torch.Tensor, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(coarse, fine)`` with ``z**(start + m B + b) = coarse[:, m] * fine[:, b]`` for the ``count`` powers from
-    ``start`` on: ``fine`` (channels, B, modes) holds ``z**b`` for ``b < B``, ``coarse`` (channels, M, modes)
-    ``z**(start + m B)``, with ``B ~ sqrt(count)`` and ``M B >= count``. Every power is one ``exp`` of the float
-    logarithm, as exact as a direct evaluation, at ``B + M`` evaluations instead of ``count``."""
-    block = max(1, math.isqrt(count))
-    blocks = -(-count // block)
-    fine = pole_powers(poles, torch.arange(block, device=poles.device)).transpose(0, 1)
-    coarse = pole_powers(poles, start + block * torch.arange(blocks, device=poles.device)).transpose(0, 1)
-    return coarse, fine
+def channel_power_grid(poles: torch.Tensor, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~modeling_tnn.decoding_state.power_grid` of ``poles`` (channels, modes), channels first: ``coarse``
+    (channels, M, modes) and ``fine`` (channels, B, modes)."""
+    coarse, fine = power_grid(poles, start, count)
+    return coarse.transpose(0, 1), fine.transpose(0, 1)
 
 
 def fit_residues(samples: torch.Tensor, poles: torch.Tensor, used: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,7 +166,7 @@ def fit_residues(samples: torch.Tensor, poles: torch.Tensor, used: torch.Tensor 
     full-rank problem for a plain QR solve (gels) instead of an SVD."""
     channels, count = samples.shape
     modes = poles.shape[1]
-    coarse, fine = power_grid(poles, 0, count)
+    coarse, fine = channel_power_grid(poles, 0, count)
     if used is not None:
         coarse = coarse * used[:, None, :]
     vandermonde = (coarse[:, :, None] * fine[:, None]).reshape(channels, -1, modes)[:, :count]      # (c, N, r)
@@ -188,9 +183,10 @@ def fit_residues(samples: torch.Tensor, poles: torch.Tensor, used: torch.Tensor 
 def modal_values(poles: torch.Tensor, residues: torch.Tensor, start: int, count: int) -> torch.Tensor:
     """``Re(sum_j residues z_j**m)`` for ``m = start .. start + count - 1``, (channels, count), in the dtype of
     ``poles`` (channels, modes), or (1, modes) when every channel shares them: per channel one product of the
-    residue-weighted coarse powers with the fine ones (:func:`power_grid`); for shared poles one product of the powers
+    residue-weighted coarse powers with the fine ones (:func:`channel_power_grid`); for shared poles one product of
+    the powers
     with every channel's residues."""
-    coarse, fine = power_grid(poles, start, count)
+    coarse, fine = channel_power_grid(poles, start, count)
     if poles.shape[0] == 1 < residues.shape[0]:
         powers = (coarse[0, :, None] * fine[0, None]).reshape(-1, poles.shape[1])[:count]   # (count, modes)
         return residues.real @ powers.real.mT - residues.imag @ powers.imag.mT  # (the real part alone)

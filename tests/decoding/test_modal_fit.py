@@ -12,6 +12,7 @@ from modeling_tnn import TnnForCausalLM
 from modeling_tnn.decoding_fit_ladder import compact_tail
 from modeling_tnn.decoding_modal_fit import (certified_bound, fit_residues, float64_taps,
                                              hankel_product, modal_taps, modal_values)
+from modeling_tnn.decoding_state import pole_power_range, pole_powers
 from modeling_tnn.ops_fft_sizes import smooth_size
 from modeling_tnn.rpe import Rpe
 
@@ -44,6 +45,18 @@ def test_modal_values_and_taps_equal_one_exp_per_lag():
     scattered = torch.tensor([3, 0, 17, 17, 250])
     torch.testing.assert_close(modal_taps(poles, residues, scattered), _exp_sum(poles, residues, scattered),
                                rtol=0, atol=1e-12)
+
+
+def test_pole_power_range_equals_one_exp_per_power_in_either_precision():
+    poles, _ = _poles_and_residues(channels=4, modes=6)
+    for start, count in [(0, 1), (0, 128), (7, 300)]:
+        reference = pole_powers(poles, torch.arange(start, start + count))
+        torch.testing.assert_close(pole_power_range(poles, start, count), reference, rtol=1e-13, atol=1e-15)
+        rounded = poles.to(torch.complex64)  # the decoder's poles: the powers of the rounded values, to float32 rounding
+        single = pole_power_range(rounded, start, count)
+        exact = pole_powers(rounded, torch.arange(start, start + count), torch.complex128)
+        assert single.dtype == torch.complex64
+        assert ((single.to(torch.complex128) - exact).abs() <= 4e-7 * exact.abs() + 1e-30).all()
 
 
 def test_hankel_product_equals_the_explicit_hankel_matrix():
