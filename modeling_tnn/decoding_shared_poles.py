@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .decoding_modal_fit import SKETCH_OVERSAMPLING, ModalTail, certified_bound, hankel_product, realisation_poles
+from .decoding_state import pole_powers
 from .mixer_base import TokenMixer
 from .ops_fft_sizes import smooth_size
 
@@ -67,8 +68,7 @@ def shared_residues(samples: torch.Tensor, poles: torch.Tensor) -> torch.Tensor:
     """The residues (channels, modes) complex128 minimising each channel's ``||samples - Re(sum_j c_j z_j**k)||_2``
     for poles shared by every channel (modes,): real least squares on the columns ``Re z**k`` (every pole) and
     ``Im z**k`` (complex poles), one QR factorisation for all the channels (``samples``: (lags, channels))."""
-    lags = torch.arange(samples.shape[0], device=samples.device, dtype=torch.float64)
-    powers = torch.exp(lags[:, None] * torch.log(poles)[None])                            # (lags, modes)
+    powers = pole_powers(poles, torch.arange(samples.shape[0], device=samples.device))     # (lags, modes)
     complex_pole = poles.imag != 0
     basis = torch.cat([powers.real, powers.imag[:, complex_pole]], dim=1)
     # One QR for every channel (a least-squares driver with C right-hand sides is several times slower on CPU).
