@@ -76,6 +76,10 @@ class CompactState(DecodingState):
     residues: torch.Tensor | None = None    # (2, c, r) float32: the same of their residues
     taps_twice: torch.Tensor | None = None  # (2 W, c): the window's reversed taps
 
+    def __post_init__(self):
+        # The constants' planes as views, once: unpacking a tensor per step costs an operator per plane.
+        self._planes = None if self.poles is None else (self.poles.unbind(0), self.residues.unbind(0))
+
     @classmethod
     def from_tail(cls, tail: ModalTail, mixer: TokenMixer, device: torch.device, dtype: torch.dtype) -> CompactState:
         """The state of a fitted (or loaded) ``tail``: poles and residues as real planes on ``device``, the window's
@@ -109,7 +113,7 @@ class CompactState(DecodingState):
         capacity = window.shape[1]
         position = ring_slot(seen, capacity, counter)
         real, imag, scratch = modes.unbind(1)
-        (pole_re, pole_im), (res_re, res_im) = self.poles, self.residues
+        (pole_re, pole_im), (res_re, res_im) = self._planes
         leaving = slot_read(window, position)[..., None]
         if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
             scratch.copy_(imag).mul_(pole_im)
