@@ -1,0 +1,179 @@
+"""What a decode step is made of, TNN against the scale ladder's Llama: the step, its matrix products alone, and
+TNN's decoding state, at the rows where issue 29's ">= 1.5x at 2,048 tokens, batch 1" is missed.
+
+At batch 1 a decode step reads every weight once, and TNN and its Llama have the same parameter count by
+construction (:func:`~.scale_ladder.build_pair`): their matrix-vector products cost the same. TNN's lead can only
+come from what Llama does besides (its KV cache: attention and the cache's growth) minus what TNN does besides (its
+decoding state, norms, gating, Python). This benchmark measures those parts in one run, interleaved:
+
+* ``step``: one decode step after a ``--context``-token state (:func:`~.scale_ladder.tnn_state`,
+  :func:`~.generation.kv_cache`), as the ladder times it;
+* ``linear``: the same step's ``nn.Linear`` calls alone (recorded by hooks on one step, replayed on inputs of the
+  recorded shapes): the weights' read, the floor of any implementation of the model;
+* TNN's ``state``: the time inside its layers' decoding-state steps within ``step`` (the window and the modes).
+
+``ceiling`` is Llama's step over TNN's linear floor: the ratio TNN would reach if everything but its matrix products
+cost nothing. ``budget_ms`` is what TNN may spend beyond its floor for ``--target`` (Llama's step / target - floor).
+
+    python run_scripts/bench_decode_floor.py --output_dir results/bench_decode_floor
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+
+from .generation import kv_cache
+from .harness import CLOCK, command_line, interleaved, pyplot, save_figure, set_threads, workload, write_report
+from .scale_ladder import QUICK_RUNGS, RUNGS, build_pair, decode_step, tnn_state
+
+SCRIPT = "run_scripts/bench_decode_floor.py"
+ALL_RUNGS = {**RUNGS, **QUICK_RUNGS}  # the tiny rungs for a quick run
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rungs", default="48.7M,125M", help=f"comma list of {list(ALL_RUNGS)} (default: %(default)s)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=2048, help="tokens the state has seen")
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds")
+    parser.add_argument("--target", type=float, default=1.5, help="the decode ratio the budget is computed for")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output_dir", default="results/bench_decode_floor")
+    args = parser.parse_args(argv)
+    args.rungs = [name.strip() for name in args.rungs.split(",") if name.strip()]
+    unknown = [name for name in args.rungs if name not in ALL_RUNGS]
+    if unknown or args.batch < 1 or args.context < 1 or args.rounds < 1 or args.target <= 0:
+        raise ValueError(f"--rungs must name rungs of {list(ALL_RUNGS)} (got unknown {unknown}); --batch, --context "
+                         "and --rounds must be at least 1 and --target positive.")
+    return args
+
+
+def linear_calls(step: Callable[[], object], model: torch.nn.Module) -> tuple[Callable[[], None], int]:
+    """A callable that runs the ``nn.Linear`` calls of one ``step`` of ``model`` alone, in order, on fixed random
+    inputs of the shapes the step gave them, and how many calls that is."""
+    calls = []
+    hooks = [module.register_forward_pre_hook(lambda module, inputs: calls.append((module, inputs[0].shape)))
+             for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    try:
+        with torch.no_grad():
+            step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    replay = [(module, torch.randn(shape)) for module, shape in calls]
+
+    @torch.no_grad()
+    def linears():
+        for module, x in replay:
+            module(x)
+    return linears, len(replay)
+
+
+@contextmanager
+def state_clock(cache):
+    """Adds the seconds spent in the cache's layer states' ``step`` calls to the yielded one-element list."""
+    spent = [0.0]
+    states = [layer.state for layer in cache.layers if layer.state is not None]
+
+    def timed(original):
+        def step(*args, **kwargs):
+            start = CLOCK()
+            out = original(*args, **kwargs)
+            spent[0] += CLOCK() - start
+            return out
+        return step
+    for state in states:
+        state.step = timed(state.step)  # an instance attribute over the class's method, removed below
+    try:
+        yield spent
+    finally:
+        for state in states:
+            del state.step
+
+
+def measure(args, name: str) -> dict:
+    """One rung's step, linear floor and (TNN) state time, interleaved over ``args.rounds`` rounds."""
+    tnn, llama = build_pair(ALL_RUNGS[name], args.seed)
+    with torch.no_grad():
+        caches = dict(tnn=tnn_state(tnn, args.batch, args.context), llama=kv_cache(llama, args.batch, args.context))
+    steps = {model: torch.no_grad()(decode_step(net, caches[model], args.batch))
+             for model, net in (("tnn", tnn), ("llama", llama))}
+    floors, counts = {}, {}
+    for model, net in (("tnn", tnn), ("llama", llama)):
+        floors[model], counts[model] = linear_calls(steps[model], net)
+    state_seconds = []
+
+    def tnn_step():
+        with state_clock(caches["tnn"]) as spent:
+            steps["tnn"]()
+        state_seconds.append(spent[0])
+    work = {("tnn", "step"): workload(tnn_step), ("tnn", "linear"): workload(floors["tnn"]),
+            ("llama", "step"): workload(steps["llama"]), ("llama", "linear"): workload(floors["llama"])}
+    timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
+    ms = {key: timing.median * 1e3 for key, timing in timings.items()}
+    state = sorted(state_seconds[-args.rounds:])[args.rounds // 2] * 1e3
+    tnn_ms, floor_ms, llama_ms = ms["tnn", "step"], ms["tnn", "linear"], ms["llama", "step"]
+    return dict(rung=name, batch=args.batch, context=args.context,
+                tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_other_ms=tnn_ms - floor_ms - state,
+                llama_step_ms=llama_ms, llama_linear_ms=ms["llama", "linear"],
+                llama_other_ms=llama_ms - ms["llama", "linear"], ratio=llama_ms / tnn_ms, ceiling=llama_ms / floor_ms,
+                budget_ms=llama_ms / args.target - floor_ms, spent_ms=tnn_ms - floor_ms, linear_calls=counts,
+                parameters={model: sum(p.numel() for p in net.parameters()) for model, net in
+                            (("tnn", tnn), ("llama", llama))},
+                spread={f"{model} {part}": timing.summary() for (model, part), timing in timings.items()})
+
+
+def table(rows: list[dict], target: float) -> str:
+    lines = ["| rung | TNN step | TNN linear | TNN state | TNN other | Llama step | Llama linear | Llama other | "
+             f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) |", "|" + "---|" * 11]
+    for row in rows:
+        lines.append(
+            f"| {row['rung']} b{row['batch']} @{row['context']} | {row['tnn_step_ms']:.2f} | "
+            f"{row['tnn_linear_ms']:.2f} | {row['tnn_state_ms']:.2f} | {row['tnn_other_ms']:.2f} | "
+            f"{row['llama_step_ms']:.2f} | {row['llama_linear_ms']:.2f} | {row['llama_other_ms']:.2f} | "
+            f"{row['ratio']:.2f}x | {row['ceiling']:.2f}x | {row['spent_ms']:.2f} ({row['budget_ms']:.2f}) |")
+    return ("Milliseconds per decode step (medians of interleaved rounds). linear: the step's nn.Linear calls alone; "
+            "state: TNN's decoding-state steps; other: the rest (norms, gating, attention and its cache, Python). "
+            "ceiling: Llama's step over TNN's linear floor.\n\n" + "\n".join(lines) + "\n")
+
+
+def plot(rows: list[dict], path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    labels, position = [], 0
+    colours = dict(linear="#4c72b0", state="#dd8452", other="#8c8c8c")
+    for row in rows:
+        for model in ("tnn", "llama"):
+            left = 0.0
+            for part in ("linear", "state", "other"):
+                value = row.get(f"{model}_{part}_ms")
+                if value is None:
+                    continue
+                ax.barh(position, value, left=left, color=colours[part], label=part if position == 0 else None)
+                left += value
+            labels.append(f"{row['rung']} {'TNN' if model == 'tnn' else 'Llama'}")
+            position += 1
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms per decode step (batch {rows[0]['batch']}, {rows[0]['context']} tokens seen)")
+    ax.legend(loc="lower right")
+    ax.set_title("A decode step's parts: the weights' read, TNN's state, the rest")
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = CLOCK()
+    set_threads(args.threads)
+    rows = [measure(args, name) for name in args.rungs]
+    for row in rows:
+        print(f"{row['rung']}: ratio {row['ratio']:.2f}x, ceiling {row['ceiling']:.2f}x, TNN beyond its floor "
+              f"{row['spent_ms']:.2f} ms (budget for {args.target:g}x: {row['budget_ms']:.2f} ms)")
+    settings = {key: value for key, value in vars(args).items() if key != "output_dir"}
+    write_report(args.output_dir, "bench_decode_floor", command_line(SCRIPT, argv), settings, rows,
+                 table(rows, args.target), plot=lambda path: plot(rows, path), started=started)

@@ -1,0 +1,58 @@
+"""The decode-floor benchmark on a tiny rung: the folder's JSON, table and figure; the linear floor replays exactly
+the Linear calls of a step (four per TNN block and seven per Llama layer, plus the head); the parts add up; the state
+timer leaves the states as they were."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import torch
+
+from modeling_tnn.recipes.benchmarks import decode_floor
+from modeling_tnn.recipes.benchmarks.scale_ladder import QUICK_RUNGS, build_pair, tnn_state
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("floor")
+    decode_floor.main(["--rungs", "tiny-32", "--context", "64", "--rounds", "2", "--output_dir", str(folder)])
+    return folder, json.loads((folder / "results.json").read_text())
+
+
+def test_the_folder_holds_the_command_the_table_and_the_figure(record):
+    folder, data = record
+    assert data["benchmark"] == "bench_decode_floor"
+    assert data["command"].startswith("python run_scripts/bench_decode_floor.py --rungs tiny-32")
+    assert (folder / "figure.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| tiny-32 b1 @64 |" in (folder / "table.md").read_text()
+
+
+def test_the_floor_replays_every_linear_call_and_the_parts_add_up(record):
+    _, data = record
+    (row,) = data["results"]
+    tnn, llama = build_pair(QUICK_RUNGS["tiny-32"], 0)
+    depth = tnn.config.num_hidden_layers
+    assert row["linear_calls"] == {"tnn": 4 * depth + 1, "llama": 7 * llama.config.num_hidden_layers + 1}
+    assert 0 < row["tnn_state_ms"] < row["tnn_step_ms"] and 0 < row["tnn_linear_ms"] < row["tnn_step_ms"]
+    assert row["tnn_linear_ms"] + row["tnn_state_ms"] + row["tnn_other_ms"] == pytest.approx(row["tnn_step_ms"])
+    assert row["ratio"] == pytest.approx(row["llama_step_ms"] / row["tnn_step_ms"])
+    assert row["ceiling"] == pytest.approx(row["llama_step_ms"] / row["tnn_linear_ms"])
+    assert row["budget_ms"] == pytest.approx(row["llama_step_ms"] / 1.5 - row["tnn_linear_ms"])
+
+
+def test_the_state_timer_counts_the_steps_and_restores_the_states():
+    tnn, _ = build_pair(QUICK_RUNGS["tiny-32"], 0)
+    with torch.no_grad():
+        cache = tnn_state(tnn, 1, 16)
+        states = [layer.state for layer in cache.layers]
+        with decode_floor.state_clock(cache) as spent:
+            tnn(input_ids=torch.ones(1, 1, dtype=torch.long), use_cache=True, cache=cache)
+        assert spent[0] > 0
+        assert all("step" not in vars(state) for state in states)
+
+
+def test_bad_arguments_name_the_flag():
+    with pytest.raises(ValueError, match="--rungs"):
+        decode_floor.parse_args(["--rungs", "nope"])
