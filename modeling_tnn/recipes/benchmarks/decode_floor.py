@@ -7,7 +7,7 @@ come from what Llama does besides (its KV cache: attention and the cache's growt
 decoding state, norms, gating, Python). This benchmark measures those parts in one run, interleaved:
 
 * ``step``: one decode step after a ``--context``-token state (:func:`~.scale_ladder.tnn_state`,
-  :func:`~.generation.kv_cache`), as the ladder times it;
+  :func:`~.generation.kv_cache`), as the ladder times it (each timed call right after an untimed one);
 * ``linear``: the same step's ``nn.Linear`` calls alone (recorded by hooks on one step, replayed on inputs of the
   recorded shapes): the weights' read, the floor of any implementation of the model;
 * TNN's ``state``: the time inside its layers' decoding-state steps within ``step`` (the window and the modes).
@@ -112,8 +112,11 @@ def measure(args, name: str) -> dict:
         with state_clock(caches["tnn"]) as spent:
             steps["tnn"]()
         state_seconds.append(spent[0])
-    work = {("tnn", "step"): workload(tnn_step), ("tnn", "linear"): workload(floors["tnn"]),
-            ("llama", "step"): workload(steps["llama"]), ("llama", "linear"): workload(floors["llama"])}
+    # Each timed call after an untimed one of the same work, as the ladder times its decode steps.
+    work = {("tnn", "step"): workload(tnn_step, before=steps["tnn"]),
+            ("tnn", "linear"): workload(floors["tnn"], before=floors["tnn"]),
+            ("llama", "step"): workload(steps["llama"], before=steps["llama"]),
+            ("llama", "linear"): workload(floors["llama"], before=floors["llama"])}
     timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
     ms = {key: timing.median * 1e3 for key, timing in timings.items()}
     state = sorted(state_seconds[-args.rounds:])[args.rounds // 2] * 1e3
