@@ -75,6 +75,9 @@ PLAN = (
                                           "--streamer_points", "1x256,1x2048,8x256,8x2048", "--streamer_rounds", "2",
                                           "--compiled", "0"), GENERATION_QUICK),
     Step("bench_decode_profile", GENERATION, ("--profile_only", "1"), (*GENERATION_QUICK, "--profile_only", "1")),
+    # A decode step's parts (the weights' read, TNN's state, the rest) on the scale ladder's models (about 4 minutes).
+    Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M"),
+         ("--rungs", "tiny-32", "--context", "64", "--rounds", "2")),
     Step("bench_compact_fit", "run_scripts/bench_compact_fit.py", ("--runs", "3"), ("--runs", "1")),
     Step("bench_fd_compression", "run_scripts/bench_fd_compression.py", (), ()),
     Step("bench_packing", "run_scripts/bench_packing.py", (), ("--rounds", "1", "--batch_size", "8", "--hidden_size",
