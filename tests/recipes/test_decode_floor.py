@@ -40,6 +40,7 @@ def test_the_floor_replays_every_linear_call_and_the_parts_add_up(record):
     assert row["ratio"] == pytest.approx(row["llama_step_ms"] / row["tnn_step_ms"])
     assert row["ceiling"] == pytest.approx(row["llama_step_ms"] / row["tnn_linear_ms"])
     assert row["budget_ms"] == pytest.approx(row["llama_step_ms"] / 1.5 - row["tnn_linear_ms"])
+    assert row["ratio_static"] == pytest.approx(row["llama_static_step_ms"] / row["tnn_step_ms"])
 
 
 def test_the_state_timer_counts_the_steps_and_restores_the_states():
@@ -56,3 +57,18 @@ def test_the_state_timer_counts_the_steps_and_restores_the_states():
 def test_bad_arguments_name_the_flag():
     with pytest.raises(ValueError, match="--rungs"):
         decode_floor.parse_args(["--rungs", "nope"])
+
+
+def test_the_static_cache_holds_the_same_keys_and_values_and_gives_the_same_logits():
+    from modeling_tnn.recipes.benchmarks.generation import kv_cache
+
+    _, llama = build_pair(QUICK_RUNGS["tiny-32"], 0)
+    token = torch.ones(1, 1, dtype=torch.long)
+    logits = []
+    for room in (None, 4):
+        torch.manual_seed(3)
+        cache = kv_cache(llama, 1, 16, room=room)
+        with torch.no_grad():
+            logits.append(llama(input_ids=token, use_cache=True, past_key_values=cache).logits)
+        assert int(cache.get_seq_length()) == 17
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)

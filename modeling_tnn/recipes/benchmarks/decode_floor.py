@@ -10,7 +10,10 @@ decoding state, norms, gating, Python). This benchmark measures those parts in o
   :func:`~.generation.kv_cache`), as the ladder times it (each timed call right after an untimed one);
 * ``linear``: the same step's ``nn.Linear`` calls alone (recorded by hooks on one step, replayed on inputs of the
   recorded shapes): the weights' read, the floor of any implementation of the model;
-* TNN's ``state``: the time inside its layers' decoding-state steps within ``step`` (the window and the modes).
+* TNN's ``state``: the time inside its layers' decoding-state steps within ``step`` (the window and the modes);
+* Llama's step with a ``StaticCache`` too (allocated once, written in place; ``generate``'s
+  ``cache_implementation="static"``), beside the ladder's ``DynamicCache`` (which concatenates every new key and
+  value, so a step copies the whole cache): how much of TNN's lead is the dynamic cache's growth.
 
 ``ceiling`` is Llama's step over TNN's linear floor: the ratio TNN would reach if everything but its matrix products
 cost nothing. ``budget_ms`` is what TNN may spend beyond its floor for ``--target`` (Llama's step / target - floor).
@@ -101,8 +104,10 @@ def measure(args, name: str) -> dict:
     tnn, llama = build_pair(ALL_RUNGS[name], args.seed)
     with torch.no_grad():
         caches = dict(tnn=tnn_state(tnn, args.batch, args.context), llama=kv_cache(llama, args.batch, args.context))
+    # The static cache has room for every step this run makes (a warm-up round and the rounds, two calls each).
+    caches["llama static"] = kv_cache(llama, args.batch, args.context, room=2 * (args.rounds + 1) + 4)
     steps = {model: torch.no_grad()(decode_step(net, caches[model], args.batch))
-             for model, net in (("tnn", tnn), ("llama", llama))}
+             for model, net in (("tnn", tnn), ("llama", llama), ("llama static", llama))}
     floors, counts = {}, {}
     for model, net in (("tnn", tnn), ("llama", llama)):
         floors[model], counts[model] = linear_calls(steps[model], net)
@@ -116,7 +121,8 @@ def measure(args, name: str) -> dict:
     work = {("tnn", "step"): workload(tnn_step, before=steps["tnn"]),
             ("tnn", "linear"): workload(floors["tnn"], before=floors["tnn"]),
             ("llama", "step"): workload(steps["llama"], before=steps["llama"]),
-            ("llama", "linear"): workload(floors["llama"], before=floors["llama"])}
+            ("llama", "linear"): workload(floors["llama"], before=floors["llama"]),
+            ("llama static", "step"): workload(steps["llama static"], before=steps["llama static"])}
     timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
     ms = {key: timing.median * 1e3 for key, timing in timings.items()}
     state = sorted(state_seconds[-args.rounds:])[args.rounds // 2] * 1e3
@@ -125,6 +131,7 @@ def measure(args, name: str) -> dict:
                 tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_other_ms=tnn_ms - floor_ms - state,
                 llama_step_ms=llama_ms, llama_linear_ms=ms["llama", "linear"],
                 llama_other_ms=llama_ms - ms["llama", "linear"], ratio=llama_ms / tnn_ms, ceiling=llama_ms / floor_ms,
+                llama_static_step_ms=ms["llama static", "step"], ratio_static=ms["llama static", "step"] / tnn_ms,
                 budget_ms=llama_ms / args.target - floor_ms, spent_ms=tnn_ms - floor_ms, linear_calls=counts,
                 parameters={model: sum(p.numel() for p in net.parameters()) for model, net in
                             (("tnn", tnn), ("llama", llama))},
@@ -133,38 +140,46 @@ def measure(args, name: str) -> dict:
 
 def table(rows: list[dict], target: float) -> str:
     lines = ["| rung | TNN step | TNN linear | TNN state | TNN other | Llama step | Llama linear | Llama other | "
-             f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) |", "|" + "---|" * 11]
+             f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) | Llama static step | ratio (static) |",
+             "|" + "---|" * 13]
     for row in rows:
         lines.append(
             f"| {row['rung']} b{row['batch']} @{row['context']} | {row['tnn_step_ms']:.2f} | "
             f"{row['tnn_linear_ms']:.2f} | {row['tnn_state_ms']:.2f} | {row['tnn_other_ms']:.2f} | "
             f"{row['llama_step_ms']:.2f} | {row['llama_linear_ms']:.2f} | {row['llama_other_ms']:.2f} | "
-            f"{row['ratio']:.2f}x | {row['ceiling']:.2f}x | {row['spent_ms']:.2f} ({row['budget_ms']:.2f}) |")
+            f"{row['ratio']:.2f}x | {row['ceiling']:.2f}x | {row['spent_ms']:.2f} ({row['budget_ms']:.2f}) | "
+            f"{row['llama_static_step_ms']:.2f} | {row['ratio_static']:.2f}x |")
     return ("Milliseconds per decode step (medians of interleaved rounds). linear: the step's nn.Linear calls alone; "
             "state: TNN's decoding-state steps; other: the rest (norms, gating, attention and its cache, Python). "
-            "ceiling: Llama's step over TNN's linear floor.\n\n" + "\n".join(lines) + "\n")
+            "ceiling: Llama's step over TNN's linear floor. Llama's step and ratio are with transformers' default "
+            "DynamicCache (the ladder's); static: with a StaticCache of the same keys and values.\n\n" + "\n".join(lines) + "\n")
 
 
 def plot(rows: list[dict], path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
-    labels, position = [], 0
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.35 * 3 * len(rows)))
+    labels, position, named = [], 0, set()
     colours = dict(linear="#4c72b0", state="#dd8452", other="#8c8c8c")
     for row in rows:
-        for model in ("tnn", "llama"):
+        bars = {"TNN": dict(linear=row["tnn_linear_ms"], state=row["tnn_state_ms"], other=row["tnn_other_ms"]),
+                "Llama": dict(linear=row["llama_linear_ms"], other=row["llama_other_ms"]),
+                "Llama static": dict(linear=row["llama_linear_ms"],
+                                     other=row["llama_static_step_ms"] - row["llama_linear_ms"])}
+        for model, parts in bars.items():
             left = 0.0
-            for part in ("linear", "state", "other"):
-                value = row.get(f"{model}_{part}_ms")
-                if value is None:
-                    continue
-                ax.barh(position, value, left=left, color=colours[part], label=part if position == 0 else None)
-                left += value
-            labels.append(f"{row['rung']} {'TNN' if model == 'tnn' else 'Llama'}")
+            for part, value in parts.items():
+                share = value / row["llama_step_ms"]  # each rung in units of its Llama's step: sizes side by side
+                ax.barh(position, share, left=left, color=colours[part], label=None if part in named else part)
+                named.add(part)
+                left += share
+            labels.append(f"{row['rung']} {model}")
             position += 1
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
-    ax.set_xlabel(f"ms per decode step (batch {rows[0]['batch']}, {rows[0]['context']} tokens seen)")
-    ax.legend(loc="lower right")
+    ax.axvline(1 / 1.5, color="black", linestyle=":", linewidth=1, label="1.5x faster than Llama")
+    ax.set_xlabel(f"decode step / Llama's step with a DynamicCache (batch {rows[0]['batch']}, {rows[0]['context']} "
+                  "tokens seen)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.3 / len(rows)), ncol=4, frameon=False)
     ax.set_title("A decode step's parts: the weights' read, TNN's state, the rest")
     save_figure(fig, path)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modeling_tnn import CACHE_FIELD
@@ -96,12 +96,15 @@ def baselines(args, target: int, max_context: int) -> dict[str, torch.nn.Module]
     return models
 
 
-def kv_cache(model, batch: int, context: int) -> DynamicCache:
-    """A KV cache of ``context`` random keys and values: what attention reads and grows at every step."""
+def kv_cache(model, batch: int, context: int, room: int | None = None) -> DynamicCache | StaticCache:
+    """A KV cache of ``context`` random keys and values: what attention reads and grows at every step (transformers'
+    default ``DynamicCache``, which concatenates each new key and value); with ``room``, a ``StaticCache`` allocated
+    for ``context + room`` tokens once, written in place (what ``generate`` uses with ``cache_implementation=
+    "static"``)."""
     config = model.config
     heads = config.num_attention_heads
     head_dim = config.hidden_size // heads
-    cache = DynamicCache(config=config)
+    cache = DynamicCache(config=config) if room is None else StaticCache(config=config, max_cache_len=context + room)
     for layer in range(config.num_hidden_layers):
         cache.update(torch.randn(batch, heads, context, head_dim), torch.randn(batch, heads, context, head_dim), layer)
     return cache
