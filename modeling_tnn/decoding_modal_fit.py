@@ -184,8 +184,7 @@ def modal_values(poles: torch.Tensor, residues: torch.Tensor, start: int, count:
     """``Re(sum_j residues z_j**m)`` for ``m = start .. start + count - 1``, (channels, count), in the dtype of
     ``poles`` (channels, modes), or (1, modes) when every channel shares them: per channel one product of the
     residue-weighted coarse powers with the fine ones (:func:`channel_power_grid`); for shared poles one product of
-    the powers
-    with every channel's residues."""
+    the powers with every channel's residues."""
     coarse, fine = channel_power_grid(poles, start, count)
     if poles.shape[0] == 1 < residues.shape[0]:
         powers = (coarse[0, :, None] * fine[0, None]).reshape(-1, poles.shape[1])[:count]   # (count, modes)

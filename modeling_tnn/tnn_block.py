@@ -84,10 +84,6 @@ class Dropout(nn.Dropout):
         return F.dropout(x, self.p, True, self.inplace) if self.training and self.p > 0 else x
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
 class TnnBlock(GradientCheckpointingLayer):
     """A GTU and a GLU, each on a residual branch with a SimpleRMSNorm. ``config.norm_placement="pre"`` (default):
     ``x += drop(GTU(norm(x)))``, ``x += drop(GLU(norm(x)))``; ``"post"``: ``x = norm(x + drop(GTU(x)))``,
@@ -105,15 +101,13 @@ class TnnBlock(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
-        # No dropout call where it is the identity: a decoding step is bound by per-call overhead.
-        dropout = self.dropout if self.training and self.dropout.p > 0 else _identity
         if self.post_norm:
             hidden_states = self.token_norm(
-                hidden_states + dropout(self.gtu(hidden_states, attention_mask, cache, documents)))
-            return self.channel_norm(hidden_states + dropout(self.glu(hidden_states)))
-        hidden_states = hidden_states + dropout(
+                hidden_states + self.dropout(self.gtu(hidden_states, attention_mask, cache, documents)))
+            return self.channel_norm(hidden_states + self.dropout(self.glu(hidden_states)))
+        hidden_states = hidden_states + self.dropout(
             self.gtu(self.token_norm(hidden_states), attention_mask, cache, documents))
-        return hidden_states + dropout(self.glu(self.channel_norm(hidden_states)))
+        return hidden_states + self.dropout(self.glu(self.channel_norm(hidden_states)))
 
 
 def build_final_norm(config: TnnConfig) -> nn.Module:

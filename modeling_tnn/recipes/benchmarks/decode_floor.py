@@ -24,6 +24,7 @@ cost nothing. ``budget_ms`` is what TNN may spend beyond its floor for ``--targe
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -31,6 +32,7 @@ import torch
 
 from .generation import kv_cache
 from .harness import CLOCK, command_line, interleaved, pyplot, save_figure, set_threads, workload, write_report
+from .reference_models import count_parameters
 from .scale_ladder import QUICK_RUNGS, RUNGS, build_pair, decode_step, tnn_state
 
 SCRIPT = "run_scripts/bench_decode_floor.py"
@@ -125,7 +127,7 @@ def measure(args, name: str) -> dict:
             ("llama static", "step"): workload(steps["llama static"], before=steps["llama static"])}
     timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
     ms = {key: timing.median * 1e3 for key, timing in timings.items()}
-    state = sorted(state_seconds[-args.rounds:])[args.rounds // 2] * 1e3
+    state = statistics.median(state_seconds[-args.rounds:]) * 1e3  # the timed rounds' calls
     tnn_ms, floor_ms, llama_ms = ms["tnn", "step"], ms["tnn", "linear"], ms["llama", "step"]
     return dict(rung=name, batch=args.batch, context=args.context,
                 tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_other_ms=tnn_ms - floor_ms - state,
@@ -133,8 +135,7 @@ def measure(args, name: str) -> dict:
                 llama_other_ms=llama_ms - ms["llama", "linear"], ratio=llama_ms / tnn_ms, ceiling=llama_ms / floor_ms,
                 llama_static_step_ms=ms["llama static", "step"], ratio_static=ms["llama static", "step"] / tnn_ms,
                 budget_ms=llama_ms / args.target - floor_ms, spent_ms=tnn_ms - floor_ms, linear_calls=counts,
-                parameters={model: sum(p.numel() for p in net.parameters()) for model, net in
-                            (("tnn", tnn), ("llama", llama))},
+                parameters=dict(tnn=count_parameters(tnn), llama=count_parameters(llama)),
                 spread={f"{model} {part}": timing.summary() for (model, part), timing in timings.items()})
 
 
