@@ -153,7 +153,8 @@ def table(rows: list[dict], target: float) -> str:
     return ("Milliseconds per decode step (medians of interleaved rounds). linear: the step's nn.Linear calls alone; "
             "state: TNN's decoding-state steps; other: the rest (norms, gating, attention and its cache, Python). "
             "ceiling: Llama's step over TNN's linear floor. Llama's step and ratio are with transformers' default "
-            "DynamicCache (the ladder's); static: with a StaticCache of the same keys and values.\n\n" + "\n".join(lines) + "\n")
+            "DynamicCache (the ladder's); static: with a StaticCache of the same keys and values.\n\n"
+            + "\n".join(lines) + "\n")
 
 
 def plot(rows: list[dict], path) -> None:
