@@ -2,9 +2,11 @@
 
 A window of the first W lags (b, W, c) and the tail as r complex modes per channel, ``g = z * g + c * v_{t-W}``
 (the input leaving the window enters the modes), with a certified bound of the kernel's relative l1 error
-(:mod:`~modeling_tnn.decoding_modal_fit`). The modes are kept as real planes (b, 3, c, r): real part, imaginary part
+(:mod:`~modeling_tnn.fit_modal`). The modes are kept as real planes (b, 3, c, r): real part, imaginary part
 and the step's scratch (real arithmetic vectorises where PyTorch's complex kernels on CPU do not); everything is
-allocated at prefill and updated in place.
+allocated at prefill and updated in place. The functions here take and return those two tensors
+(:func:`compact_prefill`, :func:`compact_step`, :func:`compact_chunk`); :class:`CompactState` is the layer's plan
+that calls them with its constants.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .decoding_state import DecodingState, pole_power_range, pole_powers
-from .decoding_window import reversed_taps, ring_order, ring_slot, slot_read, slot_write, window_read, window_state
+from .decoding_poles import pole_power_range, pole_powers
+from .decoding_state import DecodingState, Positions, States
+from .decoding_window import (in_place, reversed_taps, ring_history, ring_slot, slot_read, slot_taps, slot_write,
+                              window_prefill, window_read)
 
 if TYPE_CHECKING:
-    from .decoding_cache import TnnCacheLayer
-    from .decoding_modal_fit import ModalTail
+    from .fit_store import ModalTail
     from .mixer_base import TokenMixer
 
 # Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
@@ -60,11 +63,58 @@ def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> 
     return torch.einsum("icr,bcr->bic", powers, state).real
 
 
+def compact_prefill(v: torch.Tensor, positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
+                    capacity: int, prior: torch.Tensor | None = None) -> States:
+    """(window (b, W, c), modes (b, 3, c, r)) after inputs ``v`` (b, n, c) that follow ``positions`` tokens: the last
+    W inputs in the window, the ones before in the modes; ``prior`` (the modes before ``v``, complex (b, c, r)) is
+    decayed over them and added. ``poles``, ``residues``: complex (c, r)."""
+    n = v.shape[1]
+    keep = min(n, capacity)
+    modes = modal_state(v[:, : n - keep], poles, residues)
+    if prior is not None:
+        modes += prior * pole_powers(poles, n - keep, prior.dtype)
+    return (window_prefill(v, positions, capacity),
+            torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1))
+
+
+def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
+                 pole_planes: tuple[torch.Tensor, torch.Tensor], residue_planes: tuple[torch.Tensor, torch.Tensor],
+                 taps_twice: torch.Tensor) -> torch.Tensor:
+    """In place: the input leaving each row's window enters its modes, ``v_t`` (b, c) takes its slot; the output is
+    the window read against the exact taps plus the modes' real part. ``pole_planes``, ``residue_planes``: the
+    (real, imaginary) planes (c, r) of the constants."""
+    position = ring_slot(positions, window.shape[1])
+    real, imag, scratch = modes.unbind(1)
+    (pole_re, pole_im), (res_re, res_im) = pole_planes, residue_planes
+    leaving = slot_read(window, position)[..., None]
+    if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
+        scratch.copy_(imag).mul_(pole_im)
+    else:
+        torch.mul(imag, pole_im, out=scratch)
+    imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
+    real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
+    slot_write(window, position, v_t)
+    return window_read(window, slot_taps(taps_twice, position), window.shape[1]) + real.sum(-1)
+
+
+def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
+                  positions: Positions, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+    """Several tokens ``v`` (b, n, c) on a filled state, in place: the window and the chunk through the mixer's
+    exact kernel in parallel, plus what the modes contribute; then the state after the chunk."""
+    capacity = window.shape[1]
+    prior = torch.complex(modes[:, 0], modes[:, 1])
+    sequence = torch.cat([ring_history(window, positions).to(v.dtype), v], dim=1)
+    n = v.shape[1]
+    out = mixer(sequence, None)[:, -n:] + modal_contribution(prior, poles, n).to(v.dtype)
+    in_place((window, modes), compact_prefill(sequence, positions - capacity, poles, residues, capacity, prior))
+    return out
+
+
 @dataclasses.dataclass(eq=False)
 class CompactState(DecodingState):
-    """A window of ``capacity`` lags as ``recurrent_states[0]`` (b, W, c) and ``modes`` complex modes per channel as
-    ``recurrent_states[1]`` (b, 3, c, r) real planes; its kernel is within ``error_bound`` (relative l1, the largest
-    channel's) of the exact one. Build it from a fitted tail with :meth:`from_tail`."""
+    """A window of ``capacity`` lags (b, W, c) and ``modes`` complex modes per channel (b, 3, c, r) real planes, the
+    two state tensors; its kernel is within ``error_bound`` (relative l1, the largest channel's) of the exact one.
+    Build it from a fitted tail with :meth:`from_tail`."""
 
     PLAN = "compact"
     CONSTANTS = ("poles", "residues", "taps_twice")
@@ -92,46 +142,18 @@ class CompactState(DecodingState):
     def describe(self) -> dict:
         return {**super().describe(), "window": self.capacity, "modes": self.modes, "error_bound": self.error_bound}
 
-    def prefill(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int,
-                prior: torch.Tensor | None = None) -> None:
-        """The last W inputs of ``v`` in the window, the ones before in the modes; ``prior`` (the modes before
-        ``v``, complex (b, c, r)) is decayed over them and added."""
-        n = v.shape[1]
-        keep = min(n, self.capacity)
-        poles = as_complex(self.poles)
-        modes = modal_state(v[:, : n - keep], poles, as_complex(self.residues))
-        if prior is not None:
-            modes += prior * pole_powers(poles, n - keep, prior.dtype)
-        layer.update_recurrent_state(window_state(v[:, n - keep:], seen, self.capacity), 0)
-        layer.update_recurrent_state(torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1), 1)
+    def state_shapes(self, channels: int) -> tuple[tuple[int, ...], ...]:
+        return (self.capacity, channels), (3, channels, self.modes)
 
-    def step(self, layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int,
-             counter: torch.Tensor | None) -> torch.Tensor:
-        """In place: the input leaving the window enters the modes, ``v_t`` takes its slot; the output is the window
-        read against the exact taps plus the modes' real part."""
-        window, modes = layer.recurrent_states[0], layer.recurrent_states[1]
-        capacity = window.shape[1]
-        position = ring_slot(seen, capacity, counter)
-        real, imag, scratch = modes.unbind(1)
-        (pole_re, pole_im), (res_re, res_im) = self._planes
-        leaving = slot_read(window, position)[..., None]
-        if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
-            scratch.copy_(imag).mul_(pole_im)
-        else:
-            torch.mul(imag, pole_im, out=scratch)
-        imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
-        real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
-        slot_write(window, position, v_t)
-        return window_read(window, self.taps_twice, position, capacity) + real.sum(-1)
+    def prefill(self, mixer: TokenMixer, v: torch.Tensor, positions: Positions = 0) -> States:
+        return compact_prefill(v, positions, as_complex(self.poles), as_complex(self.residues), self.capacity)
 
-    def chunk(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> torch.Tensor:
-        """The window and the chunk through the exact kernel in parallel, plus what the modes contribute; then the
-        state after the chunk."""
-        window, planes = layer.recurrent_states[0], layer.recurrent_states[1]
-        modes = torch.complex(planes[:, 0], planes[:, 1])
-        capacity = window.shape[1]
-        sequence = torch.cat([window[:, ring_order(seen, capacity, capacity, v.device)].to(v.dtype), v], dim=1)
-        n = v.shape[1]
-        out = mixer(sequence, None)[:, -n:] + modal_contribution(modes, as_complex(self.poles), n).to(v.dtype)
-        self.prefill(layer, mixer, sequence, seen + n, modes)
-        return out
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+        window, modes = states
+        return compact_step(window, modes, v_t, positions, *self._planes, self.taps_twice), states
+
+    def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,
+              positions: Positions) -> tuple[torch.Tensor, States]:
+        window, modes = states
+        return compact_chunk(mixer, window, modes, v, positions, as_complex(self.poles),
+                             as_complex(self.residues)), states

@@ -11,7 +11,7 @@ import torch
 
 from modeling_tnn import TnnConfig
 from modeling_tnn.decoding_cache import TnnCache, mix_with_cache
-from modeling_tnn.decoding_modal_fit import float64_taps, fit_modal_tail, modal_taps
+from modeling_tnn.fit_modal import float64_taps, fit_modal_tail, modal_taps
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from tests.support import tiny_model
