@@ -12,7 +12,7 @@ that calls them with its constants.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -27,6 +27,30 @@ if TYPE_CHECKING:
 
 # Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
 MODAL_BLOCK = 128
+# Channels that share one pole set run as one matrix product once there are at least this many of them.
+SMALLEST_SHARED_GROUP = 8
+
+
+class PoleGroups(NamedTuple):
+    """Channels that share a pole set: ``order`` (c,) lists each group's channels in turn (``sizes`` of them), then
+    the channels with poles of their own; ``rank`` (c,) is its inverse permutation."""
+
+    order: torch.Tensor
+    rank: torch.Tensor
+    sizes: tuple[int, ...]
+
+
+def pole_groups(poles: torch.Tensor, smallest: int = SMALLEST_SHARED_GROUP) -> PoleGroups:
+    """The groups of at least ``smallest`` channels of ``poles`` (c, r) whose pole sets are equal (the compact fit's
+    shared rungs give every channel they certify the same set)."""
+    rows = torch.view_as_real(poles.resolve_conj()).reshape(poles.shape[0], -1)
+    _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+    shared = (counts >= smallest).nonzero()[:, 0].tolist()
+    members = [(inverse == group).nonzero()[:, 0] for group in shared]
+    members.append((~torch.isin(inverse, torch.tensor(shared, dtype=inverse.dtype, device=inverse.device)))
+                   .nonzero()[:, 0])
+    order = torch.cat(members)
+    return PoleGroups(order, torch.argsort(order), tuple(len(m) for m in members[:-1]))
 
 
 def as_complex(planes: torch.Tensor) -> torch.Tensor:
@@ -34,14 +58,13 @@ def as_complex(planes: torch.Tensor) -> torch.Tensor:
     return torch.complex(planes[0], planes[1])
 
 
-def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
-    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c), in one parallel pass:
-    per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers within a block (real and
-    imaginary parts side by side), then the blocks weighted by ``z**(block * later blocks)``."""
+def channel_modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c) and poles of each channel's
+    own, in one parallel pass: per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers
+    within a block (real and imaginary parts side by side), then the blocks weighted by ``z**(block * later
+    blocks)``."""
     b, steps, c = inputs.shape
     modes = residues.shape[1]
-    if steps == 0:
-        return residues.new_zeros(b, c, modes)
     block = min(steps, MODAL_BLOCK)
     blocks = -(-steps // block)
     inputs = torch.nn.functional.pad(inputs.to(torch.float32), (0, 0, blocks * block - steps, 0))
@@ -57,20 +80,79 @@ def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tenso
     return residues * (within * across[:, None]).sum(2).permute(1, 0, 2)
 
 
-def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
-    """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c)."""
+def shared_modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+    """The same for channels that share the poles (r,): one matrix product (b, s, T) @ (T, 2r) with the powers
+    ``z**(T-1-i)`` (real and imaginary parts side by side)."""
+    modes = poles.shape[0]
+    powers = pole_power_range(poles, 0, inputs.shape[1]).flip(0)                             # (T, r)
+    with torch.autocast(device_type=inputs.device.type, enabled=False):
+        sums = torch.matmul(inputs.to(torch.float32).transpose(1, 2), torch.cat([powers.real, powers.imag], dim=-1))
+    return residues * torch.complex(sums[..., :modes], sums[..., modes:])
+
+
+def channel_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
+    """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c), for poles
+    of each channel's own."""
     powers = pole_power_range(poles, 1, steps)                                              # (steps, c, r)
     return torch.einsum("icr,bcr->bic", powers, state).real
 
 
+def shared_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
+    """The same for channels that share the poles (r,): ``Re(P g) = Re P Re g - Im P Im g``, one matrix product."""
+    powers = pole_power_range(poles, 1, steps)                                              # (steps, r)
+    return torch.matmul(torch.cat([powers.real, -powers.imag], dim=-1),
+                        torch.cat([state.real, state.imag], dim=-1).transpose(1, 2))
+
+
+def _runs(groups: PoleGroups, channels: int) -> list[tuple[int, int, bool]]:
+    """``(start, count, shared)`` of each run of ``groups.order``: every shared group, then the channels of their own."""
+    runs, start = [], 0
+    for size in groups.sizes:
+        runs.append((start, size, True))
+        start += size
+    if start < channels:
+        runs.append((start, channels - start, False))
+    return runs
+
+
+def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor,
+                groups: PoleGroups | None = None) -> torch.Tensor:
+    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c): the modes of a prompt,
+    each group of channels that shares its poles in one matrix product."""
+    b, steps, c = inputs.shape
+    if steps == 0:
+        return residues.new_zeros(b, c, residues.shape[1])
+    if groups is None or not groups.sizes:
+        return channel_modal_state(inputs, poles, residues)
+    inputs = inputs.index_select(2, groups.order)
+    poles, residues = poles.index_select(0, groups.order), residues.index_select(0, groups.order)
+    parts = [shared_modal_state(inputs[..., a:a + n], poles[a], residues[a:a + n]) if shared
+             else channel_modal_state(inputs[..., a:a + n], poles[a:a + n], residues[a:a + n])
+             for a, n, shared in _runs(groups, c)]
+    return torch.cat(parts, dim=1).index_select(1, groups.rank)
+
+
+def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int,
+                       groups: PoleGroups | None = None) -> torch.Tensor:
+    """What the modes (b, c, r) contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps,
+    c), each group of channels that shares its poles in one matrix product."""
+    if groups is None or not groups.sizes:
+        return channel_contribution(state, poles, steps)
+    state, poles = state.index_select(1, groups.order), poles.index_select(0, groups.order)
+    parts = [shared_contribution(state[:, a:a + n], poles[a], steps) if shared
+             else channel_contribution(state[:, a:a + n], poles[a:a + n], steps)
+             for a, n, shared in _runs(groups, poles.shape[0])]
+    return torch.cat(parts, dim=2).index_select(2, groups.rank)
+
+
 def compact_prefill(v: torch.Tensor, positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
-                    capacity: int, prior: torch.Tensor | None = None) -> States:
+                    capacity: int, prior: torch.Tensor | None = None, groups: PoleGroups | None = None) -> States:
     """(window (b, W, c), modes (b, 3, c, r)) after inputs ``v`` (b, n, c) that follow ``positions`` tokens: the last
     W inputs in the window, the ones before in the modes; ``prior`` (the modes before ``v``, complex (b, c, r)) is
-    decayed over them and added. ``poles``, ``residues``: complex (c, r)."""
+    decayed over them and added. ``poles``, ``residues``: complex (c, r); ``groups``: channels sharing poles."""
     n = v.shape[1]
     keep = min(n, capacity)
-    modes = modal_state(v[:, : n - keep], poles, residues)
+    modes = modal_state(v[:, : n - keep], poles, residues, groups)
     if prior is not None:
         modes += prior * pole_powers(poles, n - keep, prior.dtype)
     return (window_prefill(v, positions, capacity),
@@ -98,15 +180,17 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
 
 
 def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
-                  positions: Positions, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+                  positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
+                  groups: PoleGroups | None = None) -> torch.Tensor:
     """Several tokens ``v`` (b, n, c) on a filled state, in place: the window and the chunk through the mixer's
     exact kernel in parallel, plus what the modes contribute; then the state after the chunk."""
     capacity = window.shape[1]
     prior = torch.complex(modes[:, 0], modes[:, 1])
     sequence = torch.cat([ring_history(window, positions).to(v.dtype), v], dim=1)
     n = v.shape[1]
-    out = mixer(sequence, None)[:, -n:] + modal_contribution(prior, poles, n).to(v.dtype)
-    in_place((window, modes), compact_prefill(sequence, positions - capacity, poles, residues, capacity, prior))
+    out = mixer(sequence, None)[:, -n:] + modal_contribution(prior, poles, n, groups).to(v.dtype)
+    in_place((window, modes),
+             compact_prefill(sequence, positions - capacity, poles, residues, capacity, prior, groups))
     return out
 
 
@@ -117,18 +201,23 @@ class CompactState(DecodingState):
     Build it from a fitted tail with :meth:`from_tail`."""
 
     PLAN = "compact"
-    CONSTANTS = ("poles", "residues", "taps_twice")
+    CONSTANTS = ("poles", "residues", "taps_twice", "channel_order", "channel_rank")
 
     capacity: int = 0
     modes: int = 0
     error_bound: float = 0.0
-    poles: torch.Tensor | None = None       # (2, c, r) float32: real and imaginary planes of the poles
-    residues: torch.Tensor | None = None    # (2, c, r) float32: the same of their residues
-    taps_twice: torch.Tensor | None = None  # (2 W, c): the window's reversed taps
+    shared_groups: tuple[int, ...] = ()         # PoleGroups.sizes: channels sharing a pole set, group by group
+    poles: torch.Tensor | None = None           # (2, c, r) float32: real and imaginary planes of the poles
+    residues: torch.Tensor | None = None        # (2, c, r) float32: the same of their residues
+    taps_twice: torch.Tensor | None = None      # (2 W, c): the window's reversed taps
+    channel_order: torch.Tensor | None = None   # (c,) PoleGroups.order
+    channel_rank: torch.Tensor | None = None    # (c,) PoleGroups.rank
 
     def __post_init__(self):
         # The constants' planes as views, once: unpacking a tensor per step costs an operator per plane.
         self._planes = None if self.poles is None else (self.poles.unbind(0), self.residues.unbind(0))
+        self._groups = (None if self.channel_order is None
+                        else PoleGroups(self.channel_order, self.channel_rank, tuple(self.shared_groups)))
 
     @classmethod
     def from_tail(cls, tail: ModalTail, mixer: TokenMixer, device: torch.device, dtype: torch.dtype) -> CompactState:
@@ -136,8 +225,11 @@ class CompactState(DecodingState):
         exact taps in ``dtype``."""
         def planes(values: torch.Tensor) -> torch.Tensor:
             return torch.stack([values.real, values.imag]).to(device).contiguous()
-        return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, poles=planes(tail.poles),
-                   residues=planes(tail.residues), taps_twice=reversed_taps(mixer, tail.window, device, dtype))
+        groups = pole_groups(tail.poles.to(device))
+        return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, shared_groups=groups.sizes,
+                   poles=planes(tail.poles), residues=planes(tail.residues),
+                   taps_twice=reversed_taps(mixer, tail.window, device, dtype), channel_order=groups.order,
+                   channel_rank=groups.rank)
 
     def describe(self) -> dict:
         return {**super().describe(), "window": self.capacity, "modes": self.modes, "error_bound": self.error_bound}
@@ -146,7 +238,8 @@ class CompactState(DecodingState):
         return (self.capacity, channels), (3, channels, self.modes)
 
     def prefill(self, mixer: TokenMixer, v: torch.Tensor, positions: Positions = 0) -> States:
-        return compact_prefill(v, positions, as_complex(self.poles), as_complex(self.residues), self.capacity)
+        return compact_prefill(v, positions, as_complex(self.poles), as_complex(self.residues), self.capacity,
+                               groups=self._groups)
 
     def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
         window, modes = states
@@ -155,5 +248,5 @@ class CompactState(DecodingState):
     def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,
               positions: Positions) -> tuple[torch.Tensor, States]:
         window, modes = states
-        return compact_chunk(mixer, window, modes, v, positions, as_complex(self.poles),
-                             as_complex(self.residues)), states
+        return compact_chunk(mixer, window, modes, v, positions, as_complex(self.poles), as_complex(self.residues),
+                             self._groups), states
