@@ -16,8 +16,9 @@ Every keyword a forward receives is used or refused (:func:`split_keywords`):
 
 When position_ids mark documents: only without a decoding cache and without padding. Under a padding mask (as
 ``generate`` builds them under left padding: 0 on padding, then 0, 1, 2, ... on the tokens) or while continuing a
-cache, they are positions: each row's real tokens must be numbered consecutively, and they are never read as
-document breaks. TNN's mixers are Toeplitz (relative), so positions carry nothing else. Under torch.compile /
+cache, they are positions: each row's real tokens must be numbered consecutively (after padding, also on from the
+padding slot before them: generate's numbering of what it appends to a right-padded prompt), and they are never read
+as document breaks. TNN's mixers are Toeplitz (relative), so positions carry nothing else. Under torch.compile /
 torch.export (no values to read) position_ids are taken as positions in an inference graph (no gradients: what
 generate and transformers' exporter trace) and refused in a training graph; a packed batch must run eagerly.
 """
