@@ -216,7 +216,7 @@ def test_generate_under_right_padding_runs_and_warns_as_llama_does():
 
 @pytest.mark.parametrize("position_ids", [
     [0, 1, 2, 0, 0, 1, 2],    # generate's: padding slots 0, appended tokens one past the last slot
-    [0, 1, 2, 1, 1, 2, 3],    # the same with padding slots 1 (transformers 5.24's)
+    [0, 1, 2, 1, 1, 2, 3],    # the same with padding slots holding 1 (another fill: any number is no token)
     [0, 1, 2, 3, 4, 5, 6],    # one position per slot, padding counted
     [0, 1, 2, 9, 9, 3, 4],    # padding skipped
 ])
