@@ -1,6 +1,7 @@
 """The pretraining recipe's arguments flow one way: the whole parsed command line (``PretrainingArguments``) is taken
-by ``setup`` and ``run`` alone (``parse_args`` makes it); the loop and the finish get the small ``Schedule`` and
-``FinishSpec`` that ``setup`` builds, inside a ``Session`` that holds no argument group."""
+by ``setup`` and ``run`` alone (``parse_args`` makes it, or ``with_defaults`` in code); the loop and the finish get
+the small ``Schedule`` and ``FinishSpec`` that ``setup`` builds, inside a ``Session`` that holds no argument
+group."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import dataclasses
 import re
 import typing
 from pathlib import Path
+
+import pytest
 
 from modeling_tnn.recipes.pretraining import arguments, session
 from tests.recipes.test_import_graph import RECIPES, _imported_modules
@@ -78,3 +81,27 @@ def test_the_loop_and_the_finish_see_neither_the_flags_nor_the_setup():
         imported = _imported_modules(RECIPES / "pretraining" / f"{name}.py")
         assert imported and not {m for m in imported
                                  if m in ("pretraining.arguments", "pretraining.setup", "pretraining.data")}, imported
+
+
+def test_arguments_built_in_code_equal_the_parsed_command_line():
+    """``with_defaults`` gives what ``parse_args`` gives, and ``argv()`` is the command line that parses back."""
+    for task in arguments.TASKS:
+        assert arguments.PretrainingArguments.with_defaults(task) == arguments.parse_args(task, [])
+    argv = ["--config_name", "tiny", "--fsdp", "--learning_rate", "0.002", "--sample_prompt", "a b",
+            "--sample_prompt", "c", "--output_dir", "somewhere", "--max_eval_samples", "3"]
+    parsed = arguments.parse_args("clm", argv)
+    assert parsed.argv() != [] and arguments.parse_args("clm", parsed.argv()) == parsed
+    built = arguments.PretrainingArguments.with_defaults(
+        "clm", model=arguments.ModelArguments(config_name="tiny"),
+        training=arguments.TrainingLoopArguments(learning_rate=0.002, fsdp=True))
+    built.run.output_dir = "somewhere"
+    built.data.max_eval_samples, built.sampling.sample_prompt = 3, ["a b", "c"]
+    assert built == parsed
+
+
+def test_arguments_no_command_line_gives_are_refused():
+    with pytest.raises(ValueError, match="sampling"):
+        arguments.PretrainingArguments.with_defaults("mlm", sampling=arguments.SamplingArguments())
+    with pytest.raises(ValueError, match="--block_size"):
+        arguments.PretrainingArguments.with_defaults(
+            "clm", training=arguments.TrainingLoopArguments(block_size=None)).argv()
