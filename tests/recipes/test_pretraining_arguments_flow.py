@@ -87,6 +87,8 @@ def test_arguments_built_in_code_equal_the_parsed_command_line():
     """``with_defaults`` gives what ``parse_args`` gives, and ``argv()`` is the command line that parses back."""
     for task in arguments.TASKS:
         assert arguments.PretrainingArguments.with_defaults(task) == arguments.parse_args(task, [])
+        assert (arguments.PretrainingArguments.with_defaults(task, run=arguments.RunArguments(logging_steps=3))
+                == arguments.parse_args(task, ["--logging_steps", "3"]))
     argv = ["--config_name", "tiny", "--fsdp", "--learning_rate", "0.002", "--sample_prompt", "a b",
             "--sample_prompt", "c", "--output_dir", "somewhere", "--max_eval_samples", "3"]
     parsed = arguments.parse_args("clm", argv)

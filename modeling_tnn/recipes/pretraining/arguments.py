@@ -251,16 +251,18 @@ class PretrainingArguments:
     @classmethod
     def with_defaults(cls, task: str, **groups: Any) -> PretrainingArguments:
         """The arguments of ``task`` with the given ``groups`` (by attribute name) and every other group at its
-        defaults: what :func:`parse_args` gives for the flags of those groups (see :meth:`argv`), built in code."""
+        defaults: what :func:`parse_args` gives for the flags of those groups (see :meth:`argv`), built in code. A
+        run group without ``output_dir`` writes where the script would."""
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
         names = [name for name, _, tasks in ARGUMENT_GROUPS if task in tasks]
         unknown = sorted(set(groups) - set(names))
         if unknown:
             raise ValueError(f"train_{task} has no argument group(s) {unknown}; its groups are {names}.")
-        defaults = {name: group() for name, group, tasks in ARGUMENT_GROUPS if task in tasks}
-        defaults["run"].output_dir = default_output_dir(task)
-        return cls(task=task, **{**defaults, **groups})
+        chosen = {name: groups.get(name) or group() for name, group, tasks in ARGUMENT_GROUPS if task in tasks}
+        if chosen["run"].output_dir is None:
+            chosen["run"] = dataclasses.replace(chosen["run"], output_dir=default_output_dir(task))
+        return cls(task=task, **chosen)
 
     def argv(self) -> list[str]:
         """The command line of ``train_<task>.py`` that parses into these arguments (flags at their defaults
