@@ -14,10 +14,12 @@ fitted first by one cached forward of 4 tokens:
   equal chunks, each later one continuing the returned cache (``cache=out.cache``, no attention mask: a serving
   engine's chunked prefill); the relative error max|a - b| / max|a| of the last position's logits between the two.
 
-Every variant of a row runs once untimed first (its warm-up), with its peak memory read then: the kernel's high-water
-mark of the resident set over the resident set before the call (:func:`~.scale_ladder_training.peak_reset`, freed
-heap handed back to the system first so that it does not hide a peak). The rounds that follow interleave the row's
-variants through the harness; each row's ratios are of medians of the same rounds.
+Every variant of a row runs twice untimed first: a warm-up (what a first call at a new length allocates for good, the
+kernel constants at that length, stays out of the peak), then once with its peak memory read: the kernel's
+high-water mark of the resident set over the resident set before the call
+(:func:`~.scale_ladder_training.peak_reset`, freed heap handed back to the system first so that it does not hide a
+peak). The rounds that follow interleave the row's variants through the harness; each row's ratios are of medians of
+the same rounds.
 
 Targets (issue 38, stated at the 48.7M rung; the other rungs are reported beside): the state forward <= 1.10x the
 plain forward at every ``--lengths`` prompt; Llama's prefill / TNN's >= 0.95x at 2,048 tokens and >= 1.4x at 8,192;
@@ -158,10 +160,14 @@ def chunked_prefill(model, ids: torch.Tensor, chunks: int, logits: dict, key: st
     return [feed(index) for index in range(len(pieces))]
 
 
-def measure(works: dict, warmups: dict, rounds: int, progress: str) -> tuple[dict, dict]:
-    """Each variant's peak MB over its untimed first run (``warmups[key]``), then ``rounds`` interleaved rounds of
-    ``works``; returns (timings, peaks)."""
-    peaks = {key: peak_mb(warmups[key]) for key in works}
+def measure(works: dict, calls: dict, rounds: int, progress: str) -> tuple[dict, dict]:
+    """Each variant's whole run (``calls[key]``) twice untimed, a warm-up and then its peak MB, and ``rounds``
+    interleaved rounds of ``works``; returns (timings, peaks). The warm-up keeps what a first call at a new length
+    allocates for good (the mixers' kernel constants at that length, FFT plans) out of the peak: otherwise the
+    variant that happens to run first would carry it."""
+    for call in calls.values():
+        call()
+    peaks = {key: peak_mb(calls[key]) for key in works}
     return interleaved(works, rounds=rounds, warmup=0, progress=progress), peaks
 
 
@@ -190,8 +196,8 @@ def chunked_row(rung: str, tnn, prompt: int, chunks: int, rounds: int, seed: int
     pieces = chunked_prefill(tnn, ids, chunks, logits, "chunked")
     names = tuple(f"chunk {index + 1}" for index in range(chunks))
     works = {"one-shot": workload(one_shot), "chunked": workload(*pieces, names=names)}
-    warmups = {"one-shot": one_shot, "chunked": lambda: [piece() for piece in pieces]}
-    timings, peaks = measure(works, warmups, rounds, f"{rung} {prompt} tokens in {chunks} chunks")
+    calls = {"one-shot": one_shot, "chunked": lambda: [piece() for piece in pieces]}
+    timings, peaks = measure(works, calls, rounds, f"{rung} {prompt} tokens in {chunks} chunks")
     whole, parts = timings["one-shot"].median, timings["chunked"].median
     summary = timings["chunked"].summary()
     return dict(rung=rung, tokens=prompt, chunks=chunks, chunk_tokens=prompt // chunks, one_shot_s=whole,
