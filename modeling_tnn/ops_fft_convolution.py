@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 if TYPE_CHECKING:
-    from .ops_fused_gating import InputMap
+    from .ops_input_map import InputMap
 
 CHUNK_ALIGN = 16  # whole 64-byte lines of float32 channels per row when chunks are cut out of (b, n, c)
 

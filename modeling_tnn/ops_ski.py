@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 if TYPE_CHECKING:
-    from .ops_fused_gating import InputMap
+    from .ops_input_map import InputMap
 
 # Rows of the sequence per step of the band's weight gradient: its (kernel_size, rows, channels) accumulator stays
 # in cache, and steps are few enough that dispatch costs little (64 measured best of 8..256 at n=16384).
