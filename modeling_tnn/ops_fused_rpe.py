@@ -1,5 +1,5 @@
 """The RPE MLP as one autograd node, beside its plain composition (the modules of rpe.Rpe one by one, which
-rpe.Rpe falls back to; reference: naive.rpe_mlp). The operator count it saves, measured, is in its docstring."""
+rpe.Rpe falls back to; reference: naive.naive_fused_rpe). The operator count it saves, measured, is in its docstring."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """SimpleRMSNorm's operator, ``x / (rms(x) + eps)`` over the last dimension, with a hand-written backward that keeps
-its output instead of its input (plain reference: naive.simple_rms_norm; the module is rpe.SimpleRMSNorm).
+its output instead of its input (plain reference: naive.naive_rms_norm; the module is rpe.SimpleRMSNorm).
 
 Why it exists: in a residual network the norm's input is the residual stream, which nothing else saves, while its
 output is saved by the next Linear anyway: one activation fewer per norm (tests/ops/test_rms_norm.py checks what is
