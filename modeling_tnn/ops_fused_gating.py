@@ -38,6 +38,20 @@ class SiluMask:
         return torch.ops.aten.silu_backward(grad, pre)
 
 
+def silu_gate_forward(pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+    """:class:`_SiluGate`'s forward, ``silu(pre) * mixed`` (its backward needs ``pre`` and ``mixed`` alone)."""
+    return F.silu(pre) * mixed
+
+
+def silu_gate_backward(grad: torch.Tensor, pre: torch.Tensor, mixed: torch.Tensor, need_pre: bool, need_mixed: bool
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of :class:`_SiluGate`'s ``pre`` and ``mixed`` (None where not needed) from that of its output,
+    ``silu(pre)`` recomputed."""
+    grad_pre = torch.ops.aten.silu_backward(grad * mixed, pre) if need_pre else None
+    grad_mixed = grad * F.silu(pre) if need_mixed else None
+    return grad_pre, grad_mixed
+
+
 class _SiluGate(torch.autograd.Function):
     """``silu(pre) * mixed``, keeping ``pre`` and ``mixed`` for backward (``silu(pre)`` is recomputed there), where
     a separate silu and product would keep ``pre``, ``silu(pre)`` and ``mixed``."""
@@ -45,15 +59,12 @@ class _SiluGate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(pre, mixed)
-        return F.silu(pre) * mixed
+        return silu_gate_forward(pre, mixed)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        pre, mixed = ctx.saved_tensors
-        grad_pre = torch.ops.aten.silu_backward(grad * mixed, pre) if ctx.needs_input_grad[0] else None
-        grad_mixed = grad * F.silu(pre) if ctx.needs_input_grad[1] else None
-        return grad_pre, grad_mixed
+        return silu_gate_backward(grad, *ctx.saved_tensors, *ctx.needs_input_grad[:2])
 
 
 def silu_gate(pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
