@@ -104,6 +104,29 @@ def _gather_kernel_grad(out: torch.Tensor, circular: torch.Tensor, channels: sli
         out[:lag0, channels].copy_(circular[:, fft_len - lag0:].t())
 
 
+def _place_output_grad(slots: torch.Tensor, g: torch.Tensor) -> None:
+    """``slots`` (b, k, blocks, step) <- the output gradient ``g`` (b, k, n) cut into blocks of ``step`` (the last one
+    cut short): each window's output gradient sits at its output slots, the adjoint of keeping only those outputs."""
+    b, k, _, step = slots.shape
+    whole, rest = divmod(g.shape[-1], step)
+    if whole:
+        slots[:, :, :whole].copy_(g[..., : whole * step].reshape(b, k, whole, step))
+    if rest:
+        slots[:, :, whole, :rest].copy_(g[..., whole * step:])
+
+
+def _overlap_add(acc: torch.Tensor, window_grad: torch.Tensor, step: int) -> torch.Tensor:
+    """The window gradients ``window_grad`` (b, k, blocks, fft_len) added back onto the sequence they were cut from
+    (window j starts at block j), in ``acc`` (b, k, blocks + spans, step): the adjoint of :func:`_fill_windows`, as
+    (b, k, (blocks + spans) * step) from the first window's start."""
+    blocks, fft_len = window_grad.shape[2:]
+    acc.zero_()
+    for span in range(-(-fft_len // step)):
+        width = min(step, fft_len - span * step)
+        acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
+    return acc.view(*acc.shape[:2], -1)
+
+
 def block_convolution_forward(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int, offset: int, lag0: int,
                               recompute: bool, rebuild: Callable[[], torch.Tensor] | None, input_map: InputMap | None,
                               chunk_elements: int | None, kernel_grad: bool
@@ -181,7 +204,6 @@ def block_convolution_backward(grad: torch.Tensor, saved: tuple[torch.Tensor | N
     # Each window's output gradient sits at slots offset .. offset + step - 1, zero elsewhere.
     padded = grad.new_zeros(b, chunk, blocks, fft_len)
     stage = grad.new_empty(max(b * n, rows) * chunk) if chunk < c else None
-    whole, rest = divmod(n, step)
     spans = -(-fft_len // step)  # how many blocks of x one window overlaps
     if need_x and blocks > 1:
         summed = grad.new_empty(b, chunk, blocks + spans, step)
@@ -189,12 +211,7 @@ def block_convolution_backward(grad: torch.Tensor, saved: tuple[torch.Tensor | N
         channels = slice(start, min(c, start + chunk))
         k = channels.stop - start
         g, inside = _staged(stage, grad, channels)
-        g = g[:, :, inside].transpose(1, 2)                                        # (b, k, n)
-        slots = padded[:, :k, :, offset: offset + step]
-        if whole:
-            slots[:, :, :whole].copy_(g[..., : whole * step].reshape(b, k, whole, step))
-        if rest:
-            slots[:, :, whole, :rest].copy_(g[..., whole * step:])
+        _place_output_grad(padded[:, :k, :, offset: offset + step], g[:, :, inside].transpose(1, 2))
         g_f = torch.fft.rfft(padded[:, :k], dim=-1)
         if need_kernel:
             # Correlation of the output gradient with the input, per bin: conj(X) G summed over batch and blocks
@@ -223,13 +240,8 @@ def block_convolution_backward(grad: torch.Tensor, saved: tuple[torch.Tensor | N
             window_grad = torch.fft.irfft(g_f.mul_(kernel_f.conj()[:, None]), n=fft_len, dim=-1)
             if blocks == 1:
                 source = window_grad[:, :, 0, offset: offset + n]
-            else:  # overlap-add the window gradients back onto the sequence
-                acc = summed[:, :k]
-                acc.zero_()
-                for span in range(spans):
-                    width = min(step, fft_len - span * step)
-                    acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
-                source = acc.view(b, k, -1)[..., offset: offset + n]
+            else:
+                source = _overlap_add(summed[:, :k], window_grad, step)[..., offset: offset + n]
             grad_x[:, :, channels].copy_(source.transpose(1, 2))
     if input_map is not None and need_x:  # back through x = input_map(pre)
         grad_x = input_map.backward(grad_x, pre)
