@@ -274,7 +274,7 @@ def _module_name(path: Path, package_dir: Path) -> str:
 
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
     """Which modules of the package in ``package_dir`` each of its modules imports by relative import, as dotted
-    names inside the package: every ``from . import`` counts, at module level, under ``TYPE_CHECKING`` or inside a
+    names inside the package: every ``from .x import y`` counts, at module level, under ``TYPE_CHECKING`` or inside a
     function alike (transformers' remote-code loader copies them all). ``from .pkg import name`` counts as an
     import of ``pkg.name`` where that is a module, else of ``pkg``; imports that leave the package are left out."""
     files = {_module_name(path, package_dir): path for path in sorted(package_dir.rglob("*.py"))}
