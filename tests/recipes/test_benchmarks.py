@@ -257,12 +257,11 @@ def test_benchmark_scripts_are_entry_points_into_the_package():
 
 def test_only_the_harness_reads_the_clock():
     """Every timing goes through the harness: the monotonic clock is read in harness.py alone, besides the ListOps
-    scripts' wall time of a whole run (the data generation, the test evaluation), which times no benchmark."""
+    commands' wall time of a whole run (the data generation, the test evaluation), which times no benchmark."""
     readers = {str(path.relative_to(PROJECT_ROOT)) for folder in ("modeling_tnn", "run_scripts")
                for path in (PROJECT_ROOT / folder).rglob("*.py")
                if re.search(r"\bperf_counter\b", path.read_text())}
-    assert readers == {"modeling_tnn/recipes/benchmarks/harness.py", "run_scripts/make_listops.py",
-                       "run_scripts/train_listops.py"}
+    assert readers == {"modeling_tnn/recipes/benchmarks/harness.py", "modeling_tnn/recipes/listops/commands.py"}
 
 
 @pytest.mark.slow
