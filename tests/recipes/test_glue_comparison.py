@@ -21,15 +21,15 @@ def flag(command: list[str], name: str) -> str:
 
 
 def test_both_models_pretrain_alike_then_the_suite_runs_over_both(tmp_path, monkeypatch):
-    runs, suites = [], []
+    runs, suites = {}, []  # the two pretraining runs (at once, with --jobs 2) by their folder's name
 
     def fake_run_one(command, log_path, env=None, cwd=None):
         """What train_mlm.py leaves behind: all_results.json in its --output_dir (relative to cwd)."""
-        runs.append((command, log_path, env, cwd))
         out = Path(cwd) / flag(command, "--output_dir")
-        perplexity = 100.0 + len(runs)
-        (out / "all_results.json").write_text(json.dumps({"num_parameters": 1000 * len(runs), "train_steps": 10,
-                                                          "perplexity": perplexity}))
+        runs[out.name] = (command, log_path, env, cwd)
+        rank = 1 if out.name == "mlm_tnn" else 2
+        (out / "all_results.json").write_text(json.dumps({"num_parameters": 1000 * rank, "train_steps": 10,
+                                                          "perplexity": 100.0 + rank}))
         return 2.0
 
     def fake_suite(argv):
@@ -44,9 +44,9 @@ def test_both_models_pretrain_alike_then_the_suite_runs_over_both(tmp_path, monk
             "--pretrain_steps", "10", "--threads", "3", "--skip_existing"]
     script_main("glue_recipe")(argv)
 
-    assert len(runs) == 2 and {cwd for *_, cwd in runs} == {PROJECT_ROOT}
-    assert all(env["OMP_NUM_THREADS"] == "3" for _, _, env, _ in runs)
-    (tnn, tnn_log, *_), (bert, bert_log, *_) = runs
+    assert set(runs) == {"mlm_tnn", "mlm_bert"} and {cwd for *_, cwd in runs.values()} == {PROJECT_ROOT}
+    assert all(env["OMP_NUM_THREADS"] == "3" for _, _, env, _ in runs.values())
+    (tnn, tnn_log, *_), (bert, bert_log, *_) = runs["mlm_tnn"], runs["mlm_bert"]
     assert Path(tnn[1]) == PROJECT_ROOT / "run_scripts" / "train_mlm.py"
     assert flag(tnn, "--config_name") == "small" and json.loads(
         (PROJECT_ROOT / flag(bert, "--config_name")).read_text()) == comparison.BERT_CONFIG
