@@ -258,13 +258,12 @@ def test_benchmark_scripts_are_entry_points_into_the_package():
 
 def test_only_the_harness_reads_the_clock():
     """Every timing goes through the harness's timing loop: the monotonic clock is read in common/timing.py alone,
-    besides the ListOps scripts' wall time of a whole run (the data generation, the test evaluation), which times no
+    besides the ListOps commands' wall time of a whole run (the data generation, the test evaluation), which times no
     benchmark."""
     readers = {str(path.relative_to(PROJECT_ROOT)) for folder in ("modeling_tnn", "run_scripts")
                for path in (PROJECT_ROOT / folder).rglob("*.py")
                if re.search(r"\bperf_counter\b", path.read_text())}
-    assert readers == {"modeling_tnn/recipes/common/timing.py", "run_scripts/make_listops.py",
-                       "run_scripts/train_listops.py"}
+    assert readers == {"modeling_tnn/recipes/common/timing.py", "modeling_tnn/recipes/listops/commands.py"}
 
 
 @pytest.mark.slow

@@ -58,6 +58,22 @@ def source_tree() -> Path:
     return Path(modeling_tnn.__file__).resolve().parents[1]
 
 
+def env_with_package() -> dict[str, str]:
+    """This process's environment with :func:`source_tree` first on ``PYTHONPATH``, so that a benchmark's
+    ``python -m`` subprocess (a fresh process per measurement) runs the same code as this process."""
+    paths = [str(source_tree()), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(p for p in paths if p)))
+
+
+def status_kb(field: str) -> int:
+    """One kB field of this process's ``/proc/self/status`` (Linux): ``VmRSS`` the resident set, ``VmHWM`` its
+    high-water mark; RuntimeError where the file lacks the field."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
 def source_state(root: Path | None = None) -> dict[str, Any]:
     """The git commit of ``root`` (default: :func:`source_tree`) and whether its tree differs from it (results/
     left out: a benchmark run writes there). ``commit`` is None outside a git checkout."""
