@@ -23,7 +23,7 @@ MIXINS_TRANSFORMERS ?= 5.24.0
 MIXINS_VENV := .venv-mixins
 TRANSFORMERS_TESTS_DIR ?= ../shared/hf-tests
 
-.PHONY: install demo test test-fast test-oldest test-mixins glue bench bench-ladder clean vllm-install serve
+.PHONY: install demo test test-fast test-oldest test-mixins glue bench bench-ladder clean vllm-install vllm-version serve
 
 # $(call make_venv,DIR,PINS): a venv in DIR with the CPU build of torch and this project's dev extra (plus PINS, e.g.
 # one transformers release).
@@ -97,6 +97,9 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_PY) -m pip install --quiet --no-deps -e .
 	$(VLLM_PY) -m modeling_tnn.serving.check_install
 	touch $@
+
+vllm-version:  ## the vLLM release the serving plugin is written for
+	@echo $(VLLM_VERSION)
 
 vllm-install: $(VLLM_VENV)/.installed  ## vLLM (CPU build) and this project's serving plugin in .venv-vllm
 

@@ -40,7 +40,8 @@ from .plan_bridge import choose_plan
 from .servable import SERVED_ARCHITECTURE, check_servable
 from .state_slots import gather_rows, padded_shapes, scatter_rows
 
-logger = logging.getLogger(__name__)
+# A child of vLLM's logger: vLLM prints what its own loggers say (level, format) and nothing of the others.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 STATE_DTYPE = torch.float32  # every decoding state is float32, whatever the weights' dtype
 

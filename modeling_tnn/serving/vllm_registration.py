@@ -16,7 +16,7 @@ VLLM_VERSION = "0.32.0"
 MODEL_CLASS = "modeling_tnn.serving.vllm_model:TnnForCausalLM"
 REFUSED_CLASS = "modeling_tnn.serving.vllm_model:TnnRefused"
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"vllm.{__name__}")  # printed by vLLM's own handler
 
 
 def _config_hooks():
