@@ -72,6 +72,7 @@ def _complete(server, body: dict) -> str:
     if not body.get("stream"):
         response = httpx.post(f"{server['base']}/v1/completions", json=body, timeout=120)
         assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == body["max_tokens"]  # every token was generated
         return response.json()["choices"][0]["text"]
     text = []
     with httpx.stream("POST", f"{server['base']}/v1/completions", json=body, timeout=120) as response:
@@ -98,7 +99,7 @@ def test_concurrent_requests_complete_as_each_alone(server):
     with ThreadPoolExecutor(max_workers=16) as pool:
         together = list(pool.map(lambda body: _complete(server, body), bodies))
     assert together == alone
-    assert all(text for text in alone)
+    assert any(alone)  # (a token may be part of a character the detokenizer holds back, so some texts are empty)
 
 
 def test_invalid_requests_get_400_and_the_server_keeps_serving(server):
