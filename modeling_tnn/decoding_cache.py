@@ -15,15 +15,16 @@ from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from .configuration_tnn import GENERATION_CACHE_MODES
 from .decoding_plan import PLANNERS, PlanSettings, plan_source
-from .decoding_state import STATE_CLASSES, DecodingState
+from .decoding_state import STATE_CLASSES, DecodingState, States
 from .mixer_base import TokenMixer
 from .runtime import compute_dtype
 
 
 class TnnCacheLayer(LinearAttentionCacheLayerMixin):
-    """One layer's decoding state: ``state`` (None before the first forward) holds the plan's numbers and the kernel
-    constants; its tensors, batch first, are ``recurrent_states[0]`` (a window of past mixer inputs (b, W, c), or the
-    complex SSM state (b, c, M)) and, for the compact state, ``recurrent_states[1]`` (its modes)."""
+    """One layer's decoding state: ``state`` (None before the first forward) is the plan, with the plan's numbers and
+    the kernel constants; the state tensors, batch first, are ``recurrent_states[0]`` (a window of past mixer inputs
+    (b, W, c), or the complex SSM state (b, c, M)) and, for the compact state, ``recurrent_states[1]`` (its modes).
+    The layer alone reads and writes them; the plan's functions take and return them."""
 
     # Whether the state's shapes stay fixed from the prefill on is the cache's to say (TnnCache.is_compileable).
     is_compileable = False
@@ -33,9 +34,19 @@ class TnnCacheLayer(LinearAttentionCacheLayerMixin):
         self.state: DecodingState | None = None
         self.plan_source: str | None = None  # where the layer's modal tail came from (TnnCache.describe)
 
+    def states(self) -> States:
+        """The state tensors, in the plan's order."""
+        first, second = self.recurrent_states[0], self.recurrent_states[1]
+        return (first,) if second is None else (first, second)
+
+    def set_states(self, states: States) -> None:
+        """Hold ``states`` (what the plan's prefill, step or chunk returned)."""
+        for state_idx, state in enumerate(states):
+            self.update_recurrent_state(state, state_idx)
+
     def state_bytes(self) -> int:
-        """Bytes of this layer's decoding state, the whole batch."""
-        return DecodingState.state_bytes(self)
+        """Bytes of this layer's decoding state, the whole batch (not the constants, which the weights fix)."""
+        return sum(s.numel() * s.element_size() for s in self.recurrent_states.values() if s is not None)
 
     def lazy_initialization(self, conv_states=None, recurrent_states=None, state_idx: int = 0) -> None:
         self.device, self.dtype = recurrent_states.device, recurrent_states.dtype
@@ -60,16 +71,21 @@ class TnnCacheLayer(LinearAttentionCacheLayerMixin):
             self.has_previous_state[i] = False
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.state is not None:
-            self.state.repeat(self, repeats)
+        """Repeat every batch row ``repeats`` times in place of it (``generate``'s expansion for beams/samples)."""
+        for i, state in self.recurrent_states.items():
+            if state is not None:
+                self.recurrent_states[i] = state.repeat_interleave(repeats, dim=0)
+                self.batch_size = self.recurrent_states[i].shape[0]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.state is not None:
-            self.state.reorder(self, indices)
+        """Keep the batch rows ``indices`` (beam search, batch selection): every state tensor is batch first."""
+        for i, state in self.recurrent_states.items():
+            if state is not None:
+                self.recurrent_states[i] = state.index_select(0, indices.to(state.device))
+                self.batch_size = self.recurrent_states[i].shape[0]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.state is not None:
-            self.state.reorder(self, beam_idx)
+        self.batch_select_indices(beam_idx)
 
 
 class TnnCache(Cache):
@@ -173,12 +189,22 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
         if cache.seen_counter is None:
             cache.seen_counter = torch.full((1,), seen, dtype=torch.long, device=v.device)
         out = mixer(v, attention_mask)
-        state.prefill(layer, mixer, v, v.shape[1])
+        layer.set_states(state.prefill(mixer, v))
         return out
+    # A compiled step reads the position from the counter tensor: a Python int would specialise its graph on the
+    # value (a recompilation per token), where a tensor leaves one graph for every step.
+    positions = cache.seen_counter if torch.compiler.is_compiling() else seen
+    states = layer.states()
     if v.shape[1] == 1:
-        return state.step(layer, mixer, v[:, 0], seen, cache.seen_counter)[:, None].to(v.dtype)
-    # Several new tokens on a filled state: their own part in parallel, plus what the past contributes.
-    return state.chunk(layer, mixer, v, seen)
+        if not state.fixed_shapes:
+            states = state.reserve(mixer, states, seen)
+        out, after = state.step(states, v[:, 0], positions)
+        out = out[:, None].to(v.dtype)
+    else:  # several new tokens on a filled state: their own part in parallel, plus what the past contributes
+        out, after = state.chunk(mixer, states, v, positions)
+    if after is not states:
+        layer.set_states(after)
+    return out
 
 
 # -- torch.export / torch.compile: the cache as a pytree of its tensors ----------------------------------------------

@@ -2,28 +2,55 @@
 
 A window of the first W lags (b, W, c) and the tail as r complex modes per channel, ``g = z * g + c * v_{t-W}``
 (the input leaving the window enters the modes), with a certified bound of the kernel's relative l1 error
-(:mod:`~modeling_tnn.decoding_modal_fit`). The modes are kept as real planes (b, 3, c, r): real part, imaginary part
+(:mod:`~modeling_tnn.fit_modal`). The modes are kept as real planes (b, 3, c, r): real part, imaginary part
 and the step's scratch (real arithmetic vectorises where PyTorch's complex kernels on CPU do not); everything is
-allocated at prefill and updated in place.
+allocated at prefill and updated in place. The functions here take and return those two tensors
+(:func:`compact_prefill`, :func:`compact_step`, :func:`compact_chunk`); :class:`CompactState` is the layer's plan
+that calls them with its constants.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from .decoding_state import DecodingState, pole_power_range, pole_powers
-from .decoding_window import reversed_taps, ring_order, ring_slot, slot_read, slot_write, window_read, window_state
+from .decoding_poles import pole_power_range, pole_powers
+from .decoding_state import DecodingState, Positions, States
+from .decoding_window import (in_place, reversed_taps, ring_history, ring_slot, slot_read, slot_taps, slot_write,
+                              window_prefill, window_read)
 
 if TYPE_CHECKING:
-    from .decoding_cache import TnnCacheLayer
-    from .decoding_modal_fit import ModalTail
+    from .fit_store import ModalTail
     from .mixer_base import TokenMixer
 
 # Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
 MODAL_BLOCK = 128
+# Channels that share one pole set run as one matrix product once there are at least this many of them.
+SMALLEST_SHARED_GROUP = 8
+
+
+class PoleGroups(NamedTuple):
+    """Channels that share a pole set: ``order`` (c,) lists each group's channels in turn (``sizes`` of them), then
+    the channels with poles of their own; ``rank`` (c,) is its inverse permutation."""
+
+    order: torch.Tensor
+    rank: torch.Tensor
+    sizes: tuple[int, ...]
+
+
+def pole_groups(poles: torch.Tensor, smallest: int = SMALLEST_SHARED_GROUP) -> PoleGroups:
+    """The groups of at least ``smallest`` channels of ``poles`` (c, r) whose pole sets are equal (the compact fit's
+    shared rungs give every channel they certify the same set)."""
+    rows = torch.view_as_real(poles.resolve_conj()).reshape(poles.shape[0], -1)
+    _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+    shared = (counts >= smallest).nonzero()[:, 0].tolist()
+    members = [(inverse == group).nonzero()[:, 0] for group in shared]
+    members.append((~torch.isin(inverse, torch.tensor(shared, dtype=inverse.dtype, device=inverse.device)))
+                   .nonzero()[:, 0])
+    order = torch.cat(members)
+    return PoleGroups(order, torch.argsort(order), tuple(len(m) for m in members[:-1]))
 
 
 def as_complex(planes: torch.Tensor) -> torch.Tensor:
@@ -31,14 +58,13 @@ def as_complex(planes: torch.Tensor) -> torch.Tensor:
     return torch.complex(planes[0], planes[1])
 
 
-def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
-    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c), in one parallel pass:
-    per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers within a block (real and
-    imaginary parts side by side), then the blocks weighted by ``z**(block * later blocks)``."""
+def channel_modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c) and poles of each channel's
+    own, in one parallel pass: per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers
+    within a block (real and imaginary parts side by side), then the blocks weighted by ``z**(block * later
+    blocks)``."""
     b, steps, c = inputs.shape
     modes = residues.shape[1]
-    if steps == 0:
-        return residues.new_zeros(b, c, modes)
     block = min(steps, MODAL_BLOCK)
     blocks = -(-steps // block)
     inputs = torch.nn.functional.pad(inputs.to(torch.float32), (0, 0, blocks * block - steps, 0))
@@ -54,31 +80,144 @@ def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tenso
     return residues * (within * across[:, None]).sum(2).permute(1, 0, 2)
 
 
-def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
-    """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c)."""
+def shared_modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
+    """The same for channels that share the poles (r,): one matrix product (b, s, T) @ (T, 2r) with the powers
+    ``z**(T-1-i)`` (real and imaginary parts side by side)."""
+    modes = poles.shape[0]
+    powers = pole_power_range(poles, 0, inputs.shape[1]).flip(0)                             # (T, r)
+    with torch.autocast(device_type=inputs.device.type, enabled=False):
+        sums = torch.matmul(inputs.to(torch.float32).transpose(1, 2), torch.cat([powers.real, powers.imag], dim=-1))
+    return residues * torch.complex(sums[..., :modes], sums[..., modes:])
+
+
+def channel_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
+    """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c), for poles
+    of each channel's own."""
     powers = pole_power_range(poles, 1, steps)                                              # (steps, c, r)
     return torch.einsum("icr,bcr->bic", powers, state).real
 
 
+def shared_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
+    """The same for channels that share the poles (r,): ``Re(P g) = Re P Re g - Im P Im g``, one matrix product."""
+    powers = pole_power_range(poles, 1, steps)                                              # (steps, r)
+    return torch.matmul(torch.cat([powers.real, -powers.imag], dim=-1),
+                        torch.cat([state.real, state.imag], dim=-1).transpose(1, 2))
+
+
+def _runs(groups: PoleGroups, channels: int) -> list[tuple[int, int, bool]]:
+    """``(start, count, shared)`` of each run of ``groups.order``: every shared group, then the channels of their own."""
+    runs, start = [], 0
+    for size in groups.sizes:
+        runs.append((start, size, True))
+        start += size
+    if start < channels:
+        runs.append((start, channels - start, False))
+    return runs
+
+
+def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor,
+                groups: PoleGroups | None = None) -> torch.Tensor:
+    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c): the modes of a prompt,
+    each group of channels that shares its poles in one matrix product."""
+    b, steps, c = inputs.shape
+    if steps == 0:
+        return residues.new_zeros(b, c, residues.shape[1])
+    if groups is None or not groups.sizes:
+        return channel_modal_state(inputs, poles, residues)
+    inputs = inputs.index_select(2, groups.order)
+    poles, residues = poles.index_select(0, groups.order), residues.index_select(0, groups.order)
+    parts = [shared_modal_state(inputs[..., a:a + n], poles[a], residues[a:a + n]) if shared
+             else channel_modal_state(inputs[..., a:a + n], poles[a:a + n], residues[a:a + n])
+             for a, n, shared in _runs(groups, c)]
+    return torch.cat(parts, dim=1).index_select(1, groups.rank)
+
+
+def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int,
+                       groups: PoleGroups | None = None) -> torch.Tensor:
+    """What the modes (b, c, r) contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps,
+    c), each group of channels that shares its poles in one matrix product."""
+    if groups is None or not groups.sizes:
+        return channel_contribution(state, poles, steps)
+    state, poles = state.index_select(1, groups.order), poles.index_select(0, groups.order)
+    parts = [shared_contribution(state[:, a:a + n], poles[a], steps) if shared
+             else channel_contribution(state[:, a:a + n], poles[a:a + n], steps)
+             for a, n, shared in _runs(groups, poles.shape[0])]
+    return torch.cat(parts, dim=2).index_select(2, groups.rank)
+
+
+def compact_prefill(v: torch.Tensor, positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
+                    capacity: int, prior: torch.Tensor | None = None, groups: PoleGroups | None = None) -> States:
+    """(window (b, W, c), modes (b, 3, c, r)) after inputs ``v`` (b, n, c) that follow ``positions`` tokens: the last
+    W inputs in the window, the ones before in the modes; ``prior`` (the modes before ``v``, complex (b, c, r)) is
+    decayed over them and added. ``poles``, ``residues``: complex (c, r); ``groups``: channels sharing poles."""
+    n = v.shape[1]
+    keep = min(n, capacity)
+    modes = modal_state(v[:, : n - keep], poles, residues, groups)
+    if prior is not None:
+        modes += prior * pole_powers(poles, n - keep, prior.dtype)
+    return (window_prefill(v, positions, capacity),
+            torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1))
+
+
+def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
+                 pole_planes: tuple[torch.Tensor, torch.Tensor], residue_planes: tuple[torch.Tensor, torch.Tensor],
+                 taps_twice: torch.Tensor) -> torch.Tensor:
+    """In place: the input leaving each row's window enters its modes, ``v_t`` (b, c) takes its slot; the output is
+    the window read against the exact taps plus the modes' real part. ``pole_planes``, ``residue_planes``: the
+    (real, imaginary) planes (c, r) of the constants."""
+    position = ring_slot(positions, window.shape[1])
+    real, imag, scratch = modes.unbind(1)
+    (pole_re, pole_im), (res_re, res_im) = pole_planes, residue_planes
+    leaving = slot_read(window, position)[..., None]
+    if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
+        scratch.copy_(imag).mul_(pole_im)
+    else:
+        torch.mul(imag, pole_im, out=scratch)
+    imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
+    real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
+    slot_write(window, position, v_t)
+    return window_read(window, slot_taps(taps_twice, position), window.shape[1]) + real.sum(-1)
+
+
+def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
+                  positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
+                  groups: PoleGroups | None = None) -> torch.Tensor:
+    """Several tokens ``v`` (b, n, c) on a filled state, in place: the window and the chunk through the mixer's
+    exact kernel in parallel, plus what the modes contribute; then the state after the chunk."""
+    capacity = window.shape[1]
+    prior = torch.complex(modes[:, 0], modes[:, 1])
+    sequence = torch.cat([ring_history(window, positions).to(v.dtype), v], dim=1)
+    n = v.shape[1]
+    out = mixer(sequence, None)[:, -n:] + modal_contribution(prior, poles, n, groups).to(v.dtype)
+    in_place((window, modes),
+             compact_prefill(sequence, positions - capacity, poles, residues, capacity, prior, groups))
+    return out
+
+
 @dataclasses.dataclass(eq=False)
 class CompactState(DecodingState):
-    """A window of ``capacity`` lags as ``recurrent_states[0]`` (b, W, c) and ``modes`` complex modes per channel as
-    ``recurrent_states[1]`` (b, 3, c, r) real planes; its kernel is within ``error_bound`` (relative l1, the largest
-    channel's) of the exact one. Build it from a fitted tail with :meth:`from_tail`."""
+    """A window of ``capacity`` lags (b, W, c) and ``modes`` complex modes per channel (b, 3, c, r) real planes, the
+    two state tensors; its kernel is within ``error_bound`` (relative l1, the largest channel's) of the exact one.
+    Build it from a fitted tail with :meth:`from_tail`."""
 
     PLAN = "compact"
-    CONSTANTS = ("poles", "residues", "taps_twice")
+    CONSTANTS = ("poles", "residues", "taps_twice", "channel_order", "channel_rank")
 
     capacity: int = 0
     modes: int = 0
     error_bound: float = 0.0
-    poles: torch.Tensor | None = None       # (2, c, r) float32: real and imaginary planes of the poles
-    residues: torch.Tensor | None = None    # (2, c, r) float32: the same of their residues
-    taps_twice: torch.Tensor | None = None  # (2 W, c): the window's reversed taps
+    shared_groups: tuple[int, ...] = ()         # PoleGroups.sizes: channels sharing a pole set, group by group
+    poles: torch.Tensor | None = None           # (2, c, r) float32: real and imaginary planes of the poles
+    residues: torch.Tensor | None = None        # (2, c, r) float32: the same of their residues
+    taps_twice: torch.Tensor | None = None      # (2 W, c): the window's reversed taps
+    channel_order: torch.Tensor | None = None   # (c,) PoleGroups.order
+    channel_rank: torch.Tensor | None = None    # (c,) PoleGroups.rank
 
     def __post_init__(self):
         # The constants' planes as views, once: unpacking a tensor per step costs an operator per plane.
         self._planes = None if self.poles is None else (self.poles.unbind(0), self.residues.unbind(0))
+        self._groups = (None if self.channel_order is None
+                        else PoleGroups(self.channel_order, self.channel_rank, tuple(self.shared_groups)))
 
     @classmethod
     def from_tail(cls, tail: ModalTail, mixer: TokenMixer, device: torch.device, dtype: torch.dtype) -> CompactState:
@@ -86,52 +225,28 @@ class CompactState(DecodingState):
         exact taps in ``dtype``."""
         def planes(values: torch.Tensor) -> torch.Tensor:
             return torch.stack([values.real, values.imag]).to(device).contiguous()
-        return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, poles=planes(tail.poles),
-                   residues=planes(tail.residues), taps_twice=reversed_taps(mixer, tail.window, device, dtype))
+        groups = pole_groups(tail.poles.to(device))
+        return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, shared_groups=groups.sizes,
+                   poles=planes(tail.poles), residues=planes(tail.residues),
+                   taps_twice=reversed_taps(mixer, tail.window, device, dtype), channel_order=groups.order,
+                   channel_rank=groups.rank)
 
     def describe(self) -> dict:
         return {**super().describe(), "window": self.capacity, "modes": self.modes, "error_bound": self.error_bound}
 
-    def prefill(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int,
-                prior: torch.Tensor | None = None) -> None:
-        """The last W inputs of ``v`` in the window, the ones before in the modes; ``prior`` (the modes before
-        ``v``, complex (b, c, r)) is decayed over them and added."""
-        n = v.shape[1]
-        keep = min(n, self.capacity)
-        poles = as_complex(self.poles)
-        modes = modal_state(v[:, : n - keep], poles, as_complex(self.residues))
-        if prior is not None:
-            modes += prior * pole_powers(poles, n - keep, prior.dtype)
-        layer.update_recurrent_state(window_state(v[:, n - keep:], seen, self.capacity), 0)
-        layer.update_recurrent_state(torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1), 1)
+    def state_shapes(self, channels: int) -> tuple[tuple[int, ...], ...]:
+        return (self.capacity, channels), (3, channels, self.modes)
 
-    def step(self, layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int,
-             counter: torch.Tensor | None) -> torch.Tensor:
-        """In place: the input leaving the window enters the modes, ``v_t`` takes its slot; the output is the window
-        read against the exact taps plus the modes' real part."""
-        window, modes = layer.recurrent_states[0], layer.recurrent_states[1]
-        capacity = window.shape[1]
-        position = ring_slot(seen, capacity, counter)
-        real, imag, scratch = modes.unbind(1)
-        (pole_re, pole_im), (res_re, res_im) = self._planes
-        leaving = slot_read(window, position)[..., None]
-        if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
-            scratch.copy_(imag).mul_(pole_im)
-        else:
-            torch.mul(imag, pole_im, out=scratch)
-        imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
-        real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
-        slot_write(window, position, v_t)
-        return window_read(window, self.taps_twice, position, capacity) + real.sum(-1)
+    def prefill(self, mixer: TokenMixer, v: torch.Tensor, positions: Positions = 0) -> States:
+        return compact_prefill(v, positions, as_complex(self.poles), as_complex(self.residues), self.capacity,
+                               groups=self._groups)
 
-    def chunk(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> torch.Tensor:
-        """The window and the chunk through the exact kernel in parallel, plus what the modes contribute; then the
-        state after the chunk."""
-        window, planes = layer.recurrent_states[0], layer.recurrent_states[1]
-        modes = torch.complex(planes[:, 0], planes[:, 1])
-        capacity = window.shape[1]
-        sequence = torch.cat([window[:, ring_order(seen, capacity, capacity, v.device)].to(v.dtype), v], dim=1)
-        n = v.shape[1]
-        out = mixer(sequence, None)[:, -n:] + modal_contribution(modes, as_complex(self.poles), n).to(v.dtype)
-        self.prefill(layer, mixer, sequence, seen + n, modes)
-        return out
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+        window, modes = states
+        return compact_step(window, modes, v_t, positions, *self._planes, self.taps_twice), states
+
+    def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,
+              positions: Positions) -> tuple[torch.Tensor, States]:
+        window, modes = states
+        return compact_chunk(mixer, window, modes, v, positions, as_complex(self.poles), as_complex(self.residues),
+                             self._groups), states

@@ -23,23 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from .decoding_compact import CompactState
-from .decoding_fit_ladder import compact_tail
-from .decoding_modal_fit import ModalTail
-from .decoding_plan_file import plan_mixers, shipped_or_fitted
 from .decoding_ssm import SsmState, ssm_constants
 from .decoding_state import DecodingState
 from .decoding_window import WindowState
+from .fit_plans import modal_tail, tail_source
 from .mixer_base import TokenMixer
 from .ops_fft_sizes import smooth_size
-from .runtime import tracing
-
-# The last tail fitted eagerly is kept on the mixer (this attribute): under torch.export / torch.compile the parameters
-# are fake (nothing to fit), so a traced decode uses that fit, or the exact window when there is none. An attribute of
-# the module, not a module-level weak dictionary: dynamo guards on what it reads, and a guard on a weak dictionary's
-# keys breaks once another model is garbage-collected.
-EAGER_TAILS_ATTRIBUTE = "_eager_modal_tails"
-# Where each (tolerance, device)'s tail came from (decoding_plan_file.PLAN_SOURCES), for TnnCache.describe().
-PLAN_SOURCES_ATTRIBUTE = "_modal_tail_sources"
 
 
 @dataclass
@@ -50,47 +39,12 @@ class PlanSettings:
     tolerance: float = 1e-5
 
 
-def modal_tail(mixer: TokenMixer, tolerance: float, device: torch.device) -> ModalTail | None:
-    """The mixer's tail, once per set of weights (memoised like its kernel constants): the plan shipped with the
-    weights where its fingerprint matches them, else fitted (see :mod:`~modeling_tnn.decoding_plan_file`); under
-    tracing the last eager one; None where the mixer offers no modal tail. The one place a layer's tail comes from."""
-    if mixer.modal_tail_rpe() is None:
-        return None
-    if tracing():
-        return getattr(mixer, EAGER_TAILS_ATTRIBUTE, {}).get((tolerance, device))
-    plan = mixer.cached(("modal tail", tolerance, device), lambda: shipped_or_fitted(
-        mixer, tolerance, device, lambda: compact_tail(mixer, tolerance, device)))
-    for attribute, value in ((EAGER_TAILS_ATTRIBUTE, plan.tail), (PLAN_SOURCES_ATTRIBUTE, plan.source)):
-        if not hasattr(mixer, attribute):
-            object.__setattr__(mixer, attribute, {})  # plain attribute: not a submodule, not state
-        getattr(mixer, attribute)[(tolerance, device)] = value
-    return plan.tail
-
-
 def plan_source(mode: str, mixer: TokenMixer, settings: PlanSettings, device: torch.device) -> str | None:
     """Where the tail a ``mode`` planner read for this layer came from: ``"checkpoint"``, ``"fitted"`` or
     ``"refitted"``; None where the planner reads no tail (``"exact"``, ``"etsc"``) or the mixer offers none."""
     if not PLANNERS[mode].reads_tail or mixer.modal_tail_rpe() is None:
         return None
-    return getattr(mixer, PLAN_SOURCES_ATTRIBUTE, {}).get((settings.tolerance, device))
-
-
-def fit_plan(model: torch.nn.Module, tolerance: float | None = None) -> dict[str, ModalTail]:
-    """Every layer's tail for ``tolerance`` (given: it becomes the config's ``compact_tolerance``, what caches
-    use; default that field) on its mixer's device, now (a shipped plan that matches the weights is taken as it
-    is), with a progress bar over the layers: what ``save_pretrained`` then writes beside the weights. Returns the
-    tails by mixer name."""
-    from transformers.utils import logging
-
-    if tolerance is not None:
-        if not 0 < tolerance < 1:
-            raise ValueError(f"tolerance must lie in (0, 1), got {tolerance!r}.")
-        model.config.compact_tolerance = tolerance  # the caches' tolerance, saved with the plan in config.json
-    tolerance = getattr(model.config, "compact_tolerance", 1e-5)
-    mixers = plan_mixers(model)
-    with torch.no_grad():
-        return {name: modal_tail(mixer, tolerance, next(mixer.parameters()).device)
-                for name, mixer in logging.tqdm(mixers.items(), desc="decoding plan", unit="layer")}
+    return tail_source(mixer, settings.tolerance, device)
 
 
 def exact_state(mixer: TokenMixer, settings: PlanSettings, device: torch.device, dtype: torch.dtype) -> WindowState:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .decoding_state import DecodingState, pole_powers
-from .decoding_window import reversed_taps, ring_step, window_history, window_state
+from .decoding_poles import pole_powers
+from .decoding_state import DecodingState, Positions, States, one_position
+from .decoding_window import reversed_taps, window_history, window_prefill, window_step
 from .runtime import compute_dtype
 
 if TYPE_CHECKING:
-    from .decoding_cache import TnnCacheLayer
     from .mixer_base import TokenMixer
 
 
@@ -107,9 +107,9 @@ def ssm_contribution(state: torch.Tensor, lam: torch.Tensor, steps: int) -> torc
 
 @dataclasses.dataclass(eq=False)
 class SsmState(DecodingState):
-    """ETSC's SSM of ``period`` (``is_closed``: with the closing tap, exact up to ``horizon`` tokens) as
-    ``recurrent_states[0]``: a window of the inputs (b, period, c) until ``period`` tokens are seen, then the complex
-    SSM state (b, c, M)."""
+    """ETSC's SSM of ``period`` (``is_closed``: with the closing tap, exact up to ``horizon`` tokens), one state
+    tensor: a window of the inputs (b, period, c) until ``period`` tokens are seen, then the complex SSM state
+    (b, c, M). Every row steps at one position (the state changes kind at a position)."""
 
     PLAN = "ssm"
     CONSTANTS = ("lam", "coef", "taps_twice")
@@ -128,34 +128,34 @@ class SsmState(DecodingState):
     def describe(self) -> dict:
         return {**super().describe(), "window": self.period}
 
-    def prefill(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> None:
+    def prefill(self, mixer: TokenMixer | None, v: torch.Tensor, positions: Positions = 0) -> States:
+        """From the inputs ``v`` of every token seen so far (``positions`` of them held nowhere: zero inputs)."""
+        seen = one_position(positions, self.PLAN) + v.shape[1]
         if seen >= self.period:
-            layer.update_recurrent_state(ssm_state(v, self.lam, self.coef, self.period))
-            return
+            return (ssm_state(v, self.lam, self.coef, self.period),)
         if self.taps_twice is None:
             self.taps_twice = reversed_taps(mixer, self.period, v.device, compute_dtype(v.dtype))
-        layer.update_recurrent_state(window_state(v, seen, self.period))
+        return (window_prefill(v, positions, self.period),)
 
-    def step(self, layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int,
-             counter: torch.Tensor | None) -> torch.Tensor:
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+        seen = one_position(positions, self.PLAN)
+        state = states[0]
         if seen >= self.period:
-            state = layer.recurrent_states[0]
             state.mul_(self.lam).addcmul_(self.coef, v_t.to(state.dtype)[..., None])
-            return state.real.sum(-1)
-        out = ring_step(layer, self.taps_twice, v_t, seen, counter)
+            return state.real.sum(-1), states
+        out = window_step(state, self.taps_twice, v_t, seen)
         if seen + 1 == self.period:  # the window is full: it becomes the SSM state
-            self.prefill(layer, mixer, window_history(layer.recurrent_states[0], seen + 1), seen + 1)
-        return out
+            return out, self.prefill(None, window_history(state, seen + 1))
+        return out, states
 
-    def chunk(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> torch.Tensor:
+    def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,
+              positions: Positions) -> tuple[torch.Tensor, States]:
+        seen = one_position(positions, self.PLAN)
         n = v.shape[1]
-        state = layer.recurrent_states[0]
+        state = states[0]
         if seen < self.period:  # the window phase: the held inputs and the chunk through the exact kernel
             history = torch.cat([window_history(state, seen).to(v.dtype), v], dim=1)
-            out = mixer(history, None)[:, -n:]
-            self.prefill(layer, mixer, history, seen + n)
-            return out
+            return mixer(history, None)[:, -n:], self.prefill(mixer, history)
         out = mixer(v, None) + ssm_contribution(state, self.lam, n).to(v.dtype)
         decayed = state * pole_powers(self.lam, n)
-        layer.update_recurrent_state(decayed + ssm_state(v, self.lam, self.coef, self.period))
-        return out
+        return out, (decayed + ssm_state(v, self.lam, self.coef, self.period),)

@@ -3,8 +3,9 @@
 W is the kernel's support (:meth:`~modeling_tnn.mixer_base.TokenMixer.kernel_support`): FD's fixed support
 (``fd_kernel_length + 1`` taps), or the lags after which a decaying dense kernel ``RPE(k) gamma**k`` falls below
 float32 resolution; without one (a kernel that does not decay) the window is the whole history, which grows (O(t)
-per token). The window is a ring: the input of position ``p`` sits in slot ``p mod W``; the ring helpers here serve
-the SSM's window phase and the compact state's window too.
+per token). The window is a ring: the input of position ``p`` sits in slot ``p mod W`` of its row, so rows at
+different positions step together; the ring functions here serve the SSM's window phase and the compact state's
+window too.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .decoding_state import DecodingState
+from .decoding_state import DecodingState, Positions, States, one_position
 from .ops_fft_sizes import smooth_size
 from .runtime import compute_dtype
 
 if TYPE_CHECKING:
-    from .decoding_cache import TnnCacheLayer
     from .mixer_base import TokenMixer
 
 READ_CHUNK_ELEMENTS = 1 << 20  # elements of one window read's temporary product (4 MiB of float32)
@@ -34,60 +34,81 @@ def reversed_taps(mixer: TokenMixer, width: int, device: torch.device, dtype: to
     return mixer.cached(("reversed taps", width, device, dtype), build)
 
 
-def window_state(v: torch.Tensor, seen: int, capacity: int) -> torch.Tensor:
-    """A zero buffer (b, capacity, c) holding inputs ``v`` (b, n, c), the last ``n`` of ``seen`` tokens, at their ring
-    slots ``position mod capacity`` (only the last ``capacity`` fit)."""
+def ring_order(end: int, count: int, capacity: int, device: torch.device) -> torch.Tensor:
+    """Slots of a ring of ``capacity`` holding positions ``end - count .. end - 1``, oldest first."""
+    return torch.arange(end - count, end, device=device) % capacity
+
+
+def row_slots(positions: torch.Tensor, count: int, capacity: int) -> torch.Tensor:
+    """(b, count) ring slots of positions ``positions[r] + 0 .. count - 1`` of each row (``positions`` (b,) or (1,))."""
+    return torch.remainder(positions[:, None] + torch.arange(count, device=positions.device), capacity)
+
+
+def window_prefill(v: torch.Tensor, positions: Positions, capacity: int) -> torch.Tensor:
+    """A zero ring (b, capacity, c) holding the last inputs of ``v`` (b, n, c), which follow ``positions`` tokens, at
+    their slots ``position mod capacity`` (only the last ``capacity`` fit)."""
     b, n, c = v.shape
     keep = min(n, capacity)
     buffer = v.new_zeros(b, capacity, c, dtype=compute_dtype(v.dtype))
-    buffer[:, ring_order(seen, keep, capacity, v.device)] = v[:, n - keep:].to(buffer.dtype)
+    recent = v[:, n - keep:].to(buffer.dtype)
+    if isinstance(positions, int):
+        buffer[:, ring_order(positions + n, keep, capacity, v.device)] = recent
+    else:
+        slots = row_slots(positions + (n - keep), keep, capacity)
+        buffer.scatter_(1, slots[..., None].expand(b, keep, c), recent)
     return buffer
 
 
-def ring_order(seen: int, count: int, capacity: int, device: torch.device) -> torch.Tensor:
-    """Slots of a ring of ``capacity`` holding positions ``seen - count .. seen - 1``, oldest first."""
-    return torch.arange(seen - count, seen, device=device) % capacity
+def ring_history(buffer: torch.Tensor, positions: Positions) -> torch.Tensor:
+    """Every slot of a ring after ``positions`` tokens, oldest first (b, W, c): zeros before a row's first token."""
+    b, capacity, c = buffer.shape
+    if isinstance(positions, int):
+        return buffer[:, ring_order(positions, capacity, capacity, buffer.device)]
+    slots = row_slots(positions - capacity, capacity, capacity).expand(b, capacity)
+    return buffer.gather(1, slots[..., None].expand(b, capacity, c))
 
 
-def window_history(buffer: torch.Tensor, seen: int) -> torch.Tensor:
-    """The inputs a window holds after ``seen`` tokens, oldest first, (b, min(seen, W), c)."""
-    capacity = buffer.shape[1]
-    return buffer[:, ring_order(seen, min(seen, capacity), capacity, buffer.device)]
-
-
-def ring_slot(seen: int, capacity: int, counter: torch.Tensor | None) -> int | torch.Tensor:
-    """The ring slot ``seen mod capacity`` of the next input: a Python int eagerly; under torch.compile a one-element
-    tensor from the cache's ``counter`` (the same count), since indexing by a Python int specialises the graph on
-    its value (a recompilation per slot), where indexing by a tensor leaves one graph for every step."""
-    if counter is None or not torch.compiler.is_compiling():  # (torch.export too; tracing() costs 6 us a call)
-        return seen % capacity
-    return torch.remainder(counter, capacity)
+def window_history(buffer: torch.Tensor, positions: Positions) -> torch.Tensor:
+    """The inputs a ring holds after ``positions`` tokens, oldest first: (b, min(positions, W), c) for one count;
+    for rows at their own positions every slot (:func:`ring_history`)."""
+    if isinstance(positions, int) and positions < buffer.shape[1]:
+        return buffer[:, :positions]
+    return ring_history(buffer, positions)
 
 
 def slot_read(buffer: torch.Tensor, slot: int | torch.Tensor) -> torch.Tensor:
-    """``buffer[:, slot]`` (b, c)."""
-    return buffer[:, slot] if isinstance(slot, int) else buffer.index_select(1, slot)[:, 0]
+    """``buffer[r, slot[r]]`` (b, c): one slot for every row (an int), or each row's own (``slot`` (b,) or (1,))."""
+    if isinstance(slot, int):
+        return buffer[:, slot]
+    b, _, c = buffer.shape
+    return buffer.gather(1, slot.expand(b)[:, None, None].expand(b, 1, c))[:, 0]
 
 
 def slot_write(buffer: torch.Tensor, slot: int | torch.Tensor, value: torch.Tensor) -> None:
-    """``buffer[:, slot] = value`` in place."""
+    """``buffer[r, slot[r]] = value[r]`` in place."""
     if isinstance(slot, int):
         buffer[:, slot] = value
-    else:
-        buffer.index_copy_(1, slot, value[:, None].to(buffer.dtype))
+        return
+    b, _, c = buffer.shape
+    buffer.scatter_(1, slot.expand(b)[:, None, None].expand(b, 1, c), value[:, None].to(buffer.dtype))
 
 
-def window_read(buffer: torch.Tensor, taps_twice: torch.Tensor, position: int | torch.Tensor,
-                filled: int) -> torch.Tensor:
-    """``sum_j buffer[:, j] * t[(position - j) mod W]`` over the ``filled`` slots in use, (b, c); ``position`` is a
-    :func:`ring_slot`, ``taps_twice`` the :func:`reversed_taps` of the window."""
+def slot_taps(taps_twice: torch.Tensor, slot: int | torch.Tensor) -> torch.Tensor:
+    """The taps each ring slot is read against when ``slot`` was written last: ``t[(slot - j) mod W]`` for slot
+    ``j``, (W, c) for one slot, (b, W, c) for a slot per row (every window of the doubled taps as a view, the rows'
+    ones gathered: no table stored)."""
+    capacity = taps_twice.shape[0] // 2
+    if isinstance(slot, int):
+        return taps_twice[capacity - 1 - slot: 2 * capacity - 1 - slot]
+    return taps_twice.unfold(0, capacity, 1).index_select(0, capacity - 1 - slot).transpose(1, 2)
+
+
+def window_read(buffer: torch.Tensor, taps: torch.Tensor, filled: int) -> torch.Tensor:
+    """``sum_j buffer[:, j] * taps[..., j, :]`` over the first ``filled`` slots, (b, c); ``taps`` from
+    :func:`slot_taps`."""
     capacity = buffer.shape[1]
-    if isinstance(position, int):
-        taps = taps_twice[capacity - 1 - position: 2 * capacity - 1 - position]
-    else:  # every window of the doubled taps as a view (W + 1, c, W): the slot's one gathered, no table stored
-        taps = taps_twice.unfold(0, capacity, 1).index_select(0, capacity - 1 - position)[0].t()
     if filled < capacity:  # no wrap yet: slots 0 .. position, a contiguous block of rows
-        buffer, taps = buffer[:, :filled], taps[:filled]
+        buffer, taps = buffer[:, :filled], taps[..., :filled, :]
     b, width, c = buffer.shape
     # A reduction over the lag rows, vectorised over the channels (measured 1.5-2x faster than channel-major
     # rows), in row chunks: a fresh temporary of the window's size costs page faults (4-10x slower at batch 8).
@@ -96,23 +117,35 @@ def window_read(buffer: torch.Tensor, taps_twice: torch.Tensor, position: int | 
         return (buffer * taps).sum(1)
     out = buffer.new_zeros(b, c)
     for start in range(0, width, rows):
-        out += (buffer[:, start:start + rows] * taps[start:start + rows]).sum(1)
+        out += (buffer[:, start:start + rows] * taps[..., start:start + rows, :]).sum(1)
     return out
 
 
-def ring_step(layer: TnnCacheLayer, taps_twice: torch.Tensor, v_t: torch.Tensor, seen: int,
-              counter: torch.Tensor | None) -> torch.Tensor:
-    """Write ``v_t`` into the window ``recurrent_states[0]`` at its ring slot and read the window: the exact mixer
-    output over the inputs it holds."""
-    buffer = layer.recurrent_states[0]
-    position = ring_slot(seen, buffer.shape[1], counter)
-    slot_write(buffer, position, v_t)
-    return window_read(buffer, taps_twice, position, seen + 1)
+def ring_slot(positions: Positions, capacity: int) -> int | torch.Tensor:
+    """The ring slot of the next input of each row: an int for one count, else a tensor of slots."""
+    return positions % capacity if isinstance(positions, int) else torch.remainder(positions, capacity)
+
+
+def window_step(buffer: torch.Tensor, taps_twice: torch.Tensor, v_t: torch.Tensor, positions: Positions) -> torch.Tensor:
+    """Write ``v_t`` (b, c) into the ring at each row's slot and read the ring: the exact mixer output over the
+    inputs it holds (in place)."""
+    capacity = buffer.shape[1]
+    slot = ring_slot(positions, capacity)
+    slot_write(buffer, slot, v_t)
+    filled = min(positions + 1, capacity) if isinstance(positions, int) else capacity  # unwritten slots hold zeros
+    return window_read(buffer, slot_taps(taps_twice, slot), filled)
+
+
+def in_place(old: States, new: States) -> States:
+    """``old`` holding ``new``'s values (a state of fixed shapes keeps its tensors: a serving engine's slots)."""
+    for target, value in zip(old, new):
+        target.copy_(value)
+    return old
 
 
 @dataclasses.dataclass(eq=False)
 class WindowState(DecodingState):
-    """The last ``capacity`` mixer inputs (b, W, c) as ``recurrent_states[0]``, read against the exact taps; with
+    """The last ``capacity`` mixer inputs (b, W, c), the one state tensor, read against the exact taps; with
     ``capacity`` None the whole history, in a buffer that doubles when full (copied O(log t) times)."""
 
     PLAN = "window"
@@ -125,32 +158,38 @@ class WindowState(DecodingState):
     def fixed_shapes(self) -> bool:
         return self.capacity is not None
 
+    def state_shapes(self, channels: int) -> tuple[tuple[int, ...], ...]:
+        if self.capacity is None:
+            return super().state_shapes(channels)
+        return ((self.capacity, channels),)
+
     def describe(self) -> dict:
         return {**super().describe(), "window": self.capacity}
 
-    def _buffer_width(self, needed: int) -> int:
-        """The buffer's slots: the support, or (a growing history) a smooth size of at least twice ``needed``."""
-        return self.capacity if self.capacity is not None else smooth_size(max(2 * needed, 64))
-
-    def prefill(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> None:
-        width = self._buffer_width(seen + 1)
+    def prefill(self, mixer: TokenMixer, v: torch.Tensor, positions: Positions = 0) -> States:
+        if self.capacity is None:  # a growing history: a smooth size of at least twice what it holds
+            width = smooth_size(max(2 * (one_position(positions, "window of the whole history") + v.shape[1] + 1),
+                                    64))
+        else:
+            width = self.capacity
         if self.taps_twice is None or self.taps_twice.shape[0] != 2 * width:
             self.taps_twice = reversed_taps(mixer, width, v.device, compute_dtype(v.dtype))
-        layer.update_recurrent_state(window_state(v, seen, width))
+        return (window_prefill(v, positions, width),)
 
-    def step(self, layer: TnnCacheLayer, mixer: TokenMixer, v_t: torch.Tensor, seen: int,
-             counter: torch.Tensor | None) -> torch.Tensor:
-        if self.capacity is None and seen >= layer.recurrent_states[0].shape[1]:  # a full history: grow it
-            buffer = layer.recurrent_states[0]
-            self.prefill(layer, mixer, torch.cat([window_history(buffer, seen), v_t[:, None].to(buffer.dtype)], 1),
-                         seen + 1)
-            buffer = layer.recurrent_states[0]
-            return window_read(buffer, self.taps_twice, seen % buffer.shape[1], seen + 1)
-        return ring_step(layer, self.taps_twice, v_t, seen, counter)
+    def reserve(self, mixer: TokenMixer, states: States, positions: int) -> States:
+        buffer = states[0]
+        if self.capacity is not None or positions < buffer.shape[1]:
+            return states
+        history = window_history(buffer, positions)  # a full history: grow it
+        return self.prefill(mixer, history, positions - history.shape[1])
 
-    def chunk(self, layer: TnnCacheLayer, mixer: TokenMixer, v: torch.Tensor, seen: int) -> torch.Tensor:
-        history = torch.cat([window_history(layer.recurrent_states[0], seen).to(v.dtype), v], dim=1)
-        n = v.shape[1]
-        out = mixer(history, None)[:, -n:]
-        self.prefill(layer, mixer, history, seen + n)
-        return out
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+        return window_step(states[0], self.taps_twice, v_t, positions), states
+
+    def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,
+              positions: Positions) -> tuple[torch.Tensor, States]:
+        held = window_history(states[0], positions).to(v.dtype)
+        history = torch.cat([held, v], dim=1)
+        out = mixer(history, None)[:, -v.shape[1]:]
+        after = self.prefill(mixer, history, positions - held.shape[1])
+        return out, in_place(states, after) if self.fixed_shapes else after

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from .fit_store import PlanStore
 from .ops_dispatch import ConvolutionKernel, convolve, shared_kernel
 from .runtime import as_dtype, compute_dtype, tracing
 
@@ -50,6 +51,8 @@ class TokenMixer(nn.Module):
         # What the FFT convolution keeps for backward: None decides by size, True saves only the real inputs and
         # recomputes their spectra, False keeps the spectra (TnnConfig.fft_recompute).
         self.recompute_spectra = recompute_spectra
+        # The compact decoding plans fitted for (or shipped with) these weights (fit_plans.modal_tail).
+        self.decoding_plans = PlanStore()
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 input_map: InputMap | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
@@ -118,10 +121,10 @@ class TokenMixer(nn.Module):
         parameter changed in place since the forward (the values would no longer be the same). None when tracing."""
         if tracing():
             return None
-        version = self._parameter_version()
+        version = self.parameter_version()
 
         def rebuild() -> torch.Tensor:
-            if self._parameter_version() != version:
+            if self.parameter_version() != version:
                 raise RuntimeError(f"{type(self).__name__}: a parameter changed in place between forward and backward; "
                                    "the kernel the backward rebuilds would differ from the forward's.")
             return self.taps(reach, device, dtype)
@@ -165,7 +168,9 @@ class TokenMixer(nn.Module):
         self._eval_cache.clear()
         return super().train(mode)
 
-    def _parameter_version(self) -> tuple:
+    def parameter_version(self) -> tuple:
+        """The parameters' versions, storages, devices and dtypes: changes whenever a value may have (an optimizer
+        step, `load_state_dict`, `.to()`), which invalidates what was computed from them."""
         return tuple((p._version, p.data_ptr(), p.device, p.dtype) for p in self.parameters())
 
     def _memoising(self) -> bool:
@@ -195,7 +200,7 @@ class TokenMixer(nn.Module):
     def _remember(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """:meth:`cached` once it is known to memoise: the entry under ``key``, dropped with every entry when a
         parameter has changed since."""
-        version = self._parameter_version()
+        version = self.parameter_version()
         if version != self._eval_cache_version:
             self._eval_cache.clear()
             self._eval_cache_version = version

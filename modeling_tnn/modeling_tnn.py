@@ -23,8 +23,8 @@ from transformers.modeling_outputs import (
 from .checkpoint_layout import register_split_projection_loading
 from .configuration_tnn import TnnConfig
 from .decoding_cache import TnnCache
-from .decoding_plan import fit_plan
-from .decoding_plan_file import load_plan_file, save_with_plan
+from .fit_plans import fit_plan
+from .fit_plan_file import load_plan_file, save_with_plan
 from .input_packing import CAUSAL_LM_LOSS_KEYWORDS, LOSS_KEYWORDS, backbone_documents, split_keywords
 from .input_validation import validate_model_inputs
 from .ops_documents import DocumentLayout, pool_documents
@@ -108,7 +108,7 @@ class TnnPreTrainedModel(PreTrainedModel):
         return model
 
     def fit_decoding_plan(self, tolerance: float | None = None) -> dict:
-        """Fit every layer's decoding plan now (:func:`~modeling_tnn.decoding_plan.fit_plan`; ``tolerance`` becomes
+        """Fit every layer's decoding plan now (:func:`~modeling_tnn.fit_plans.fit_plan`; ``tolerance`` becomes
         ``config.compact_tolerance``), e.g. before publishing: ``save_pretrained`` then ships it."""
         return fit_plan(self, tolerance)
 

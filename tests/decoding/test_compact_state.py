@@ -11,7 +11,7 @@ import torch
 
 from modeling_tnn import TnnConfig
 from modeling_tnn.decoding_cache import TnnCache, mix_with_cache
-from modeling_tnn.decoding_modal_fit import float64_taps, fit_modal_tail, modal_taps
+from modeling_tnn.fit_modal import float64_taps, fit_modal_tail, modal_taps
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from tests.support import tiny_model
@@ -211,3 +211,29 @@ def test_the_cache_pytree_context_serialises():
 def test_bad_compact_tolerance_raises_naming_the_field(value):
     with pytest.raises(ValueError, match="compact_tolerance"):
         TnnConfig(compact_tolerance=value)
+
+
+def test_channels_that_share_poles_give_the_per_channel_modes_and_contributions():
+    """A layer's channels in shared pole groups (one matrix product each) and channels with poles of their own build
+    the same modes, and the modes contribute the same outputs, as the per-channel path and a float64 brute force."""
+    from modeling_tnn.decoding_compact import (channel_contribution, channel_modal_state, modal_contribution,
+                                               modal_state, pole_groups)
+
+    generator = torch.Generator().manual_seed(0)
+    shared = torch.polar(0.5 + 0.45 * torch.rand(6, generator=generator), 3 * torch.rand(6, generator=generator))
+    own = torch.polar(0.5 + 0.45 * torch.rand(5, 6, generator=generator), 3 * torch.rand(5, 6, generator=generator))
+    other = shared.flip(0) * 0.9
+    poles = torch.cat([shared.expand(9, -1), own, other.expand(10, -1), shared.expand(3, -1)])[
+        torch.randperm(27, generator=generator)].to(torch.complex64)
+    residues = torch.randn(27, 6, dtype=torch.complex64, generator=generator)
+    groups = pole_groups(poles)
+    assert sorted(groups.sizes) == [10, 12] and torch.equal(groups.order[groups.rank], torch.arange(27))
+    inputs = torch.randn(2, 300, 27, generator=generator)
+    exponents = torch.arange(299, -1, -1, dtype=torch.float64)
+    powers = poles.to(torch.complex128)[None] ** exponents[:, None, None]                   # (T, c, r)
+    brute = residues.to(torch.complex128) * torch.einsum("tcr,btc->bcr", powers, inputs.to(torch.complex128))
+    grouped = modal_state(inputs, poles, residues, groups)
+    torch.testing.assert_close(grouped, channel_modal_state(inputs, poles, residues), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(grouped.to(torch.complex128), brute, atol=1e-4, rtol=1e-4)
+    contribution = modal_contribution(grouped, poles, 40, groups)
+    torch.testing.assert_close(contribution, channel_contribution(grouped, poles, 40), atol=1e-4, rtol=1e-4)

@@ -9,10 +9,10 @@ import math
 import torch
 
 from modeling_tnn import TnnForCausalLM
-from modeling_tnn.decoding_fit_ladder import compact_tail
-from modeling_tnn.decoding_modal_fit import (certified_bound, fit_residues, float64_taps,
+from modeling_tnn.fit_ladder import compact_tail
+from modeling_tnn.fit_modal import (certified_bound, fit_residues, float64_taps,
                                              hankel_product, modal_taps, modal_values)
-from modeling_tnn.decoding_state import pole_power_range, pole_powers
+from modeling_tnn.decoding_poles import pole_power_range, pole_powers
 from modeling_tnn.ops_fft_sizes import smooth_size
 from modeling_tnn.rpe import Rpe
 

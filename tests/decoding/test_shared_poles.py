@@ -9,9 +9,9 @@ import math
 import torch
 
 from modeling_tnn import TnnForCausalLM
-from modeling_tnn.decoding_fit_ladder import Rung, _widened, compact_tail
-from modeling_tnn.decoding_modal_fit import float64_taps, modal_values, realisation_poles
-from modeling_tnn.decoding_shared_poles import block_hankel_subspace, shared_residues, span_basis
+from modeling_tnn.fit_ladder import Rung, _widened, compact_tail
+from modeling_tnn.fit_modal import float64_taps, modal_values, realisation_poles
+from modeling_tnn.fit_shared_poles import block_hankel_subspace, shared_residues, span_basis
 
 from tests.support import tiny_config
 

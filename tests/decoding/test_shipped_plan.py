@@ -17,9 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from modeling_tnn import TnnForCausalLM, TnnModel
-from modeling_tnn import decoding_plan
+from modeling_tnn import fit_plans
 from modeling_tnn.decoding_cache import TnnCache
-from modeling_tnn.decoding_plan_file import PLAN_FILE, PLAN_FORMAT, weights_fingerprint
+from modeling_tnn.fit_plan_file import PLAN_FILE, PLAN_FORMAT, weights_fingerprint
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from tests.remote_code import run_with_package_blocked
@@ -32,12 +32,12 @@ PROMPT, STEPS = 24, 6
 def fits(monkeypatch):
     """Every compact fit the planner runs, as the mixer it ran on."""
     calls = []
-    fit = decoding_plan.compact_tail
+    fit = fit_plans.compact_tail
 
     def counted(mixer, tolerance, device):
         calls.append(mixer)
         return fit(mixer, tolerance, device)
-    monkeypatch.setattr(decoding_plan, "compact_tail", counted)
+    monkeypatch.setattr(fit_plans, "compact_tail", counted)
     return calls
 
 
@@ -259,7 +259,7 @@ def test_an_unstable_pole_is_refused_even_with_a_matching_digest(saved, tmp_path
     folder = _copy(saved, tmp_path)
 
     def unstable_and_redigested(tensors, layers):
-        from modeling_tnn.decoding_plan_file import _digest
+        from modeling_tnn.fit_plan_file import _digest
         _unstable(tensors, layers)
         entry, name = layers["layers.0.gtu.token_mixer"], "layers.0.gtu.token_mixer"
         entry["digest"] = _digest(entry["window"], entry["tolerance"],

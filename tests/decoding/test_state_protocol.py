@@ -1,6 +1,8 @@
-"""Every decoding state honours the protocol of decoding_state.DecodingState: a prefill followed by single steps
-reaches the state a prefill of the whole sequence gives (and the steps give the mixer's outputs), a chunk equals
-its tokens stepped one by one, and reordering or repeating the batch rows equals running the selected rows."""
+"""Every decoding state honours the protocol of decoding_state.DecodingState (tensor functions: prefill makes the
+state tensors, step and chunk take and return them): a prefill followed by single steps reaches the state a prefill
+of the whole sequence gives (and the steps give the mixer's outputs), a chunk equals its tokens stepped one by one,
+reordering or repeating the cache layer's batch rows equals running the selected rows, and rows at different
+positions step together as each would alone."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from modeling_tnn.decoding_cache import TnnCacheLayer
 from modeling_tnn.decoding_compact import CompactState
 from modeling_tnn.decoding_plan import PLANNERS, PlanSettings
 from modeling_tnn.decoding_ssm import SsmState
-from modeling_tnn.decoding_state import pole_powers
+from modeling_tnn.decoding_poles import pole_powers
 from modeling_tnn.decoding_window import WindowState, window_history
 
 from tests.support import tiny_config
@@ -47,9 +49,10 @@ def _span(state) -> int:
 
 
 def _prefilled(state, mixer, v):
+    """A cache layer holding the state after ``v``, as the cache drives it."""
     layer = TnnCacheLayer()
     layer.state = copy.copy(state)  # the constants are shared, the plan's numbers are the layer's own
-    layer.state.prefill(layer, mixer, v, v.shape[1])
+    layer.set_states(layer.state.prefill(mixer, v))
     return layer
 
 
@@ -58,10 +61,15 @@ def _run(layer, mixer, v, seen, chunk=1):
     outputs = []
     for start in range(0, v.shape[1], chunk):
         piece = v[:, start:start + chunk]
+        states = layer.states()
         if piece.shape[1] == 1:
-            outputs.append(layer.state.step(layer, mixer, piece[:, 0], seen + start, None)[:, None])
+            states = layer.state.reserve(mixer, states, seen + start)
+            out, states = layer.state.step(states, piece[:, 0], seen + start)
+            outputs.append(out[:, None])
         else:
-            outputs.append(layer.state.chunk(layer, mixer, piece, seen + start))
+            out, states = layer.state.chunk(mixer, states, piece, seen + start)
+            outputs.append(out)
+        layer.set_states(states)
     return torch.cat(outputs, dim=1)
 
 
@@ -149,6 +157,59 @@ def test_reordered_or_repeated_rows_equal_running_the_selected_rows(case):
         torch.testing.assert_close(_run(repeated, mixer, expanded[:, prompt:], prompt),
                                    _run(_prefilled(state, mixer, expanded[:, :prompt]), mixer, expanded[:, prompt:],
                                         prompt))
+
+
+FIXED_SHAPES = [case for case in CASES if case in ("window", "compact")]
+
+
+@pytest.mark.parametrize("case", FIXED_SHAPES)
+def test_rows_at_different_positions_step_together_as_each_alone(case):
+    """A batch whose rows were prefilled with different prompt lengths (before, at and past the window), stepped and
+    then continued by a chunk together with per-row positions, equals each row run alone; the state tensors are
+    updated in place (a serving engine's slots)."""
+    mixer, state, _ = _mixer_and_state(case)
+    span = _span(state)
+    prompts = [3, span, span + 7]
+    v = _inputs(mixer, len(prompts), span + 20)
+    with torch.no_grad():
+        alone_outputs, alone_states = [], []
+        for row, prompt in enumerate(prompts):
+            layer = _prefilled(state, mixer, v[row:row + 1, :prompt])
+            stepped = _run(layer, mixer, v[row:row + 1, prompt:prompt + 4], prompt)
+            chunked = _run(layer, mixer, v[row:row + 1, prompt + 4:prompt + 9], prompt + 4, chunk=5)
+            alone_outputs.append(torch.cat([stepped, chunked], dim=1))
+            alone_states.append(layer.states())
+        rows = [state.prefill(mixer, v[row:row + 1, :prompt]) for row, prompt in enumerate(prompts)]
+        states = tuple(torch.cat(parts) for parts in zip(*rows))
+        held = [tensor.data_ptr() for tensor in states]
+        positions = torch.tensor(prompts)
+        outputs = []
+        for k in range(4):
+            tokens = torch.stack([v[row, prompt + k] for row, prompt in enumerate(prompts)])
+            out, states = state.step(states, tokens, positions + k)
+            outputs.append(out[:, None])
+        chunk = torch.stack([v[row, prompt + 4:prompt + 9] for row, prompt in enumerate(prompts)])
+        out, states = state.chunk(mixer, states, chunk, positions + 4)
+        outputs.append(out)
+        together = torch.cat(outputs, dim=1)
+        assert [tensor.data_ptr() for tensor in states] == held
+        for row in range(len(prompts)):
+            torch.testing.assert_close(together[row:row + 1], alone_outputs[row], atol=2e-5, rtol=2e-5)
+            for mine, alone in zip(states, alone_states[row]):
+                if mine.dim() == 3:  # the window: the inputs it holds, oldest first
+                    seen = prompts[row] + 9
+                    mine, alone = window_history(mine[row:row + 1], seen), window_history(alone, seen)
+                else:
+                    mine, alone = mine[row:row + 1, :2], alone[:, :2]
+                torch.testing.assert_close(mine, alone, atol=2e-5, rtol=2e-5)
+
+
+def test_the_ssm_state_refuses_rows_at_their_own_positions():
+    mixer, state, _ = _mixer_and_state("ssm")
+    with torch.no_grad():
+        states = state.prefill(mixer, _inputs(mixer, 2, 4))
+        with pytest.raises(ValueError, match="positions"):
+            state.step(states, torch.zeros(2, mixer.channels), torch.tensor([4, 5]))
 
 
 def test_pole_powers_equal_products_of_float64_factors_in_the_shape_of_exponents_then_poles():

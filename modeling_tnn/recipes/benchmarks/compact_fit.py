@@ -88,13 +88,13 @@ def train_briefly(model: TnnForCausalLM, steps: int, seed: int = 0) -> dict:
 
 
 def clear_fits(model: TnnForCausalLM) -> None:
-    """Forget every mixer's memoised kernel constants, the compact fit among them: mixers memoise in eval mode
-    through ``TokenMixer.cached`` (the fitted modal tail too, keyed by tolerance and device, in
-    ``decoding_plan.modal_tail``), and ``TokenMixer.train`` drops that memo, in either mode."""
+    """Forget every mixer's fitted compact plans (its ``decoding_plans`` store) and memoised kernel constants (what
+    ``TokenMixer.cached`` keeps in eval mode, which ``TokenMixer.train`` drops in either mode)."""
     mixers = [m for m in model.modules() if isinstance(m, TokenMixer)]
     if not mixers:
         raise RuntimeError("clear_fits: the model holds no TokenMixer: the mixers moved, update this benchmark.")
     for mixer in mixers:
+        mixer.decoding_plans.forget_resolved()
         mixer.train(mixer.training)
 
 

@@ -13,7 +13,7 @@ import sys
 import torch
 
 from modeling_tnn import TnnForCausalLM, load_preset
-from modeling_tnn.decoding_modal_fit import fit_residues, hankel_poles, modal_taps
+from modeling_tnn.fit_modal import fit_residues, hankel_poles, modal_taps
 
 from .harness import CLOCK, command_line, pyplot, save_figure, set_threads, write_report
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from modeling_tnn.decoding_plan_file import PLAN_FILE
+from modeling_tnn.fit_plan_file import PLAN_FILE
 from modeling_tnn.modeling_tnn import AUTO_MAP  # noqa: E402  (every Auto class a TNN folder can expose)
 
 from ..common.run_files import TOKENIZER_FILES, WEIGHT_FILE, WEIGHT_INDEX
@@ -139,7 +139,7 @@ def write_decoding_plan(info: RunInfo, out_dir: Path) -> bool:
     model's first ``generate`` fits nothing. Returns whether a plan was written (not for a model whose mixers offer
     no compact state: FD, a kernel that does not decay, a bidirectional model)."""
     import modeling_tnn
-    from modeling_tnn.decoding_plan_file import plan_mixers, write_plan_file
+    from modeling_tnn.fit_plan_file import plan_mixers, write_plan_file
 
     if not info.causal or info.architecture not in ("TnnForCausalLM", "TnnModel"):
         return False

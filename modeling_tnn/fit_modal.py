@@ -24,12 +24,11 @@ times ``decay**k`` are its causal taps) and :meth:`~modeling_tnn.mixer_base.Toke
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 from torch.func import functional_call
 
-from .decoding_state import power_grid
+from .decoding_poles import power_grid
+from .fit_store import ModalTail
 from .mixer_base import TokenMixer
 from .ops_fft_sizes import smooth_size
 from .rpe import Rpe
@@ -40,30 +39,6 @@ SKETCH_OVERSAMPLING = 16
 MAX_EXACT_LAGS = 1 << 16
 # The closed-form part of the bound is pushed below this fraction of the tolerance it serves.
 TAIL_SHARE = 1e-3
-
-
-@dataclass
-class ModalTail:
-    """A kernel's tail ``k >= window`` as modes: ``t̂_k = Re(sum_j residues[c, j] * poles[c, j]**(k - window))``.
-
-    ``poles`` and ``residues`` are (channels, modes) complex64, as decoding uses them; ``bound`` (channels,) float64
-    is each channel's certified relative l1 error of the whole kernel (see the module docstring), fitted for
-    ``tolerance``. A plain object of tensors and numbers: a layer's fitted plan, which
-    :meth:`~modeling_tnn.decoding_compact.CompactState.from_tail` turns into its decoding state."""
-
-    window: int
-    poles: torch.Tensor
-    residues: torch.Tensor
-    bound: torch.Tensor
-    tolerance: float | None = None
-
-    @property
-    def modes(self) -> int:
-        return self.poles.shape[1]
-
-    def __post_init__(self):
-        # A Python float, read once when fitted: traced code must not read tensor values.
-        self.max_bound = float(self.bound.max())
 
 
 def tail_rpe(mixer: TokenMixer) -> Rpe:

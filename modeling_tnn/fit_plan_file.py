@@ -1,7 +1,7 @@
 """The decoding plan saved beside the weights: every layer's fitted modal tail in ``decoding_plan.safetensors``, with a
 fingerprint of the weights it was fitted on, so that a loaded model decodes without fitting.
 
-A layer's tail (:class:`~modeling_tnn.decoding_modal_fit.ModalTail`) depends only on its mixer's tail RPE, its decay
+A layer's tail (:class:`~modeling_tnn.fit_modal.ModalTail`) depends only on its mixer's tail RPE, its decay
 gamma and the tolerance. The file holds, per mixer that offers a modal tail (named as in the base model, e.g.
 ``layers.0.gtu.token_mixer``), the tensors ``<name>.poles`` and ``<name>.residues`` ((channels, modes, 2) float32: the
 complex64 values' real and imaginary parts) and ``<name>.bound`` ((channels,) float64), and in the safetensors
@@ -24,34 +24,20 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .decoding_modal_fit import ModalTail
+from .fit_store import LayerPlan, ModalTail
 from .mixer_base import TokenMixer
 
 PLAN_FILE = "decoding_plan.safetensors"
 PLAN_FORMAT = "tnn-decoding-plan/1"
 PLAN_SOURCES = ("checkpoint", "fitted", "refitted")
-# Plain attributes of a mixer (not submodules, not state): the plan loaded with the weights, and the latest plan per
-# tolerance that modal_tail resolved (what save_pretrained writes).
-SHIPPED_ATTRIBUTE = "_shipped_decoding_plan"
-RESOLVED_ATTRIBUTE = "_resolved_decoding_plans"
 # from_pretrained's keywords that say where a Hub file comes from.
 _HUB_KEYWORDS = ("cache_dir", "force_download", "proxies", "token", "revision", "local_files_only", "subfolder")
-
-
-@dataclass
-class LayerPlan:
-    """A layer's tail, the fingerprint of the weights it belongs to, and where it came from (``PLAN_SOURCES``)."""
-
-    tail: ModalTail
-    fingerprint: str
-    source: str
 
 
 def structure(mixer: TokenMixer) -> str:
@@ -71,33 +57,6 @@ def weights_fingerprint(mixer: TokenMixer) -> str:
     return digest.hexdigest()
 
 
-def _on_device(tail: ModalTail, device: torch.device) -> ModalTail:
-    return ModalTail(window=tail.window, poles=tail.poles.to(device), residues=tail.residues.to(device),
-                     bound=tail.bound.to(device), tolerance=tail.tolerance)
-
-
-def _record(mixer: TokenMixer, attribute: str, key: Any, value: Any) -> None:
-    if not hasattr(mixer, attribute):
-        object.__setattr__(mixer, attribute, {})  # plain attribute: not a submodule, not state
-    getattr(mixer, attribute)[key] = value
-
-
-def shipped_or_fitted(mixer: TokenMixer, tolerance: float, device: torch.device,
-                      fit: Callable[[], ModalTail]) -> LayerPlan:
-    """The shipped plan where it was fitted for ``tolerance`` on the current weights (source ``"checkpoint"``), else
-    ``fit()`` (``"refitted"`` where a shipped plan for ``tolerance`` exists but the weights changed, else
-    ``"fitted"``). Recorded as the mixer's latest plan for ``tolerance`` (what :func:`write_plan_file` saves)."""
-    fingerprint = weights_fingerprint(mixer)
-    shipped = getattr(mixer, SHIPPED_ATTRIBUTE, None)
-    applies = shipped is not None and shipped.tail.tolerance == tolerance
-    if applies and shipped.fingerprint == fingerprint:
-        plan = LayerPlan(_on_device(shipped.tail, device), fingerprint, "checkpoint")
-    else:
-        plan = LayerPlan(fit(), fingerprint, "refitted" if applies else "fitted")
-    _record(mixer, RESOLVED_ATTRIBUTE, tolerance, plan)
-    return plan
-
-
 def plan_mixers(model: nn.Module) -> dict[str, TokenMixer]:
     """The causal mixers that offer a modal tail, by their name in the base model (the same for every head)."""
     base = getattr(model, "base_model", model)
@@ -107,8 +66,7 @@ def plan_mixers(model: nn.Module) -> dict[str, TokenMixer]:
 
 def current_plan(mixer: TokenMixer, tolerance: float) -> LayerPlan | None:
     """The mixer's plan for ``tolerance`` that belongs to its current weights (fitted or shipped), or None."""
-    candidates = [getattr(mixer, RESOLVED_ATTRIBUTE, {}).get(tolerance), getattr(mixer, SHIPPED_ATTRIBUTE, None)]
-    candidates = [plan for plan in candidates if plan is not None and plan.tail.tolerance == tolerance]
+    candidates = mixer.decoding_plans.for_tolerance(tolerance)
     if not candidates:
         return None
     fingerprint = weights_fingerprint(mixer)
@@ -229,7 +187,7 @@ def load_plan_file(model: nn.Module | tuple, source: str | os.PathLike | None, k
         return
     plans, problems = read_plan_file(path, mixers)
     for name, plan in plans.items():
-        object.__setattr__(mixers[name], SHIPPED_ATTRIBUTE, plan)
+        mixers[name].decoding_plans.shipped = plan
     if problems:
         warnings.warn(f"{PLAN_FILE} of {source}: used for {len(plans)} of {len(mixers)} layers; the others fit "
                       f"their decoding plan at their first cached forward. " + "; ".join(problems),

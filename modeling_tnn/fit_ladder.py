@@ -1,8 +1,8 @@
 """The compact fit of a layer: which fits run, in what order, on which channels (the fit ladder).
 
-The first rung fits every channel of the layer with one pole set (:mod:`~modeling_tnn.decoding_shared_poles`): a
+The first rung fits every channel of the layer with one pole set (:mod:`~modeling_tnn.fit_shared_poles`): a
 single realisation and one least-squares factorisation for the whole layer. The channels it leaves above the
-tolerance get per-channel realisations (:func:`~modeling_tnn.decoding_modal_fit.fit_modal_tail`) of growing size;
+tolerance get per-channel realisations (:func:`~modeling_tnn.fit_modal.fit_modal_tail`) of growing size;
 every channel keeps its smallest certified bound.
 """
 
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding_modal_fit import ModalTail, exact_horizon, fit_modal_tail, float64_taps, residue_reach, tail_rpe
-from .decoding_shared_poles import fit_shared_tail
-from .decoding_state import pole_powers
+from .decoding_poles import pole_powers
+from .fit_modal import exact_horizon, fit_modal_tail, float64_taps, residue_reach, tail_rpe
+from .fit_shared_poles import fit_shared_tail
+from .fit_store import ModalTail
 from .mixer_base import TokenMixer
 
 
@@ -22,8 +23,8 @@ from .mixer_base import TokenMixer
 class Rung:
     """One fit of the ladder: its window, realisation rank, and the effort of the fit (tail lags for the poles, for
     the residues (None: the default reach), power steps); ``shared``: one pole set for every channel
-    (:func:`~modeling_tnn.decoding_shared_poles.fit_shared_tail`) instead of one realisation per channel
-    (:func:`~modeling_tnn.decoding_modal_fit.fit_modal_tail`)."""
+    (:func:`~modeling_tnn.fit_shared_poles.fit_shared_tail`) instead of one realisation per channel
+    (:func:`~modeling_tnn.fit_modal.fit_modal_tail`)."""
 
     window: int
     rank: int

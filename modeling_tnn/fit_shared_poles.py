@@ -8,15 +8,16 @@ Hankel matrix ``[H(b_1) ... H(b_m)]`` of a basis ``b_i`` of the span weighted by
 block Hankel matrix of every channel scaled to unit l1 norm (the error each channel's certificate measures) up to an
 orthogonal factor; and every channel's residues come from one least-squares factorisation with ``C`` right-hand
 sides. Channels this leaves above the tolerance get the per-channel fits of
-:data:`~modeling_tnn.decoding_modal_fit.FIT_LADDER`.
+:data:`~modeling_tnn.fit_modal.FIT_LADDER`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .decoding_modal_fit import SKETCH_OVERSAMPLING, ModalTail, certified_bound, hankel_product, realisation_poles
-from .decoding_state import pole_powers
+from .decoding_poles import pole_powers
+from .fit_modal import SKETCH_OVERSAMPLING, certified_bound, hankel_product, realisation_poles
+from .fit_store import ModalTail
 from .mixer_base import TokenMixer
 from .ops_fft_sizes import smooth_size
 
@@ -46,7 +47,7 @@ def span_basis(samples: torch.Tensor) -> torch.Tensor:
 def block_hankel_subspace(basis: torch.Tensor, rank: int) -> torch.Tensor:
     """The dominant left subspace (n, r), ``r <= rank``, of the block Hankel matrix ``[H(b_1) ... H(b_m)]`` (each
     ``H(b)[i, j] = b[i + j]``, n x n, from the basis columns (2n - 1 lags)): a randomised subspace iteration with one
-    power step, every product an FFT (:func:`~modeling_tnn.decoding_modal_fit.hankel_product`)."""
+    power step, every product an FFT (:func:`~modeling_tnn.fit_modal.hankel_product`)."""
     lags, width = basis.shape
     n = (lags + 1) // 2
     fft_len = smooth_size(2 * n - 1)
@@ -83,7 +84,7 @@ def shared_residues(samples: torch.Tensor, poles: torch.Tensor) -> torch.Tensor:
 def fit_shared_tail(mixer: TokenMixer, window: int, rank: int, tolerance: float, taps: torch.Tensor,
                     pole_span: int, residue_span: int, channels: torch.Tensor | None = None) -> ModalTail:
     """Fit the tail ``k >= window`` of every channel of ``mixer`` with one set of at most ``rank`` realisation
-    poles (real and upper-half ones kept, as in :func:`~modeling_tnn.decoding_modal_fit.hankel_poles`), found on tail
+    poles (real and upper-half ones kept, as in :func:`~modeling_tnn.fit_modal.hankel_poles`), found on tail
     lags ``0 .. pole_span`` of the channels scaled to unit l1, residues per channel over tail lags
     ``0 .. residue_span``; rounded to complex64 and certified like every fit. ``taps``: the float64 kernel (lags,
     channels), at least ``window + max(pole_span, residue_span)`` lags; ``channels``: the channels to fit (all by
