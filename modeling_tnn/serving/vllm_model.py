@@ -33,10 +33,9 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..checkpoint_layout import fuse_projections
 from ..decoding_plan import PLANNERS, PlanSettings
-from ..decoding_plan_file import PLAN_FILE, load_plan_file, plan_mixers
+from ..fit_plan_file import PLAN_FILE, load_plan_file, plan_mixers
 from ..ops_fused_gating import silu_mask
 from ..tnn_block import Gtu, TnnBlock, build_final_norm
-from .plan_bridge import choose_plan
 from .servable import SERVED_ARCHITECTURE, check_servable
 from .state_slots import gather_rows, padded_shapes, scatter_rows
 
@@ -96,7 +95,8 @@ class ServingGtu(Gtu, MambaBase):
         if decodes:
             slots = metadata.state_indices_tensor_d[:, 0].long()
             rows = gather_rows(self.kv_cache, slots, self.layer_shapes)
-            out[:decodes] = self.plan.step(rows, v[:decodes], self.positions[:decodes]).to(v.dtype)
+            mixed, rows = self.plan.step(rows, v[:decodes], self.positions[:decodes])
+            out[:decodes] = mixed.to(v.dtype)
             scatter_rows(self.kv_cache, slots, rows)
         if metadata.num_prefills:
             starts = (metadata.query_start_loc_p + decodes).tolist()
@@ -111,8 +111,8 @@ class ServingGtu(Gtu, MambaBase):
         """One request's prompt tokens ``v`` (1, n, c) after ``seen`` tokens: a first chunk runs the mixer's
         parallel path and fills the state; a later chunk continues the state."""
         if continues:
-            rows = gather_rows(self.kv_cache, slot, self.layer_shapes)
-            out = self.plan.chunk(self.token_mixer, rows, v, seen)
+            out, rows = self.plan.chunk(self.token_mixer, gather_rows(self.kv_cache, slot, self.layer_shapes), v,
+                                        seen)
             scatter_rows(self.kv_cache, slot, rows)
             return out
         scatter_rows(self.kv_cache, slot, self.plan.prefill(self.token_mixer, v, 0))
@@ -207,9 +207,16 @@ class TnnForCausalLM(nn.Module, HasInnerState, IsAttentionFree):
         settings = PlanSettings(etsc_length=self.config.etsc_length, tolerance=self.config.compact_tolerance)
         device = self.model.embeddings.weight.device
         gtus = [block.gtu for block in self.model.layers]
+        planner = PLANNERS[self.config.generation_cache]
         with torch.no_grad():
             for gtu in gtus:
-                gtu.plan = choose_plan(self.config.generation_cache, gtu.token_mixer, settings, device, STATE_DTYPE)
+                gtu.plan = planner.choose(gtu.token_mixer, settings, device, STATE_DTYPE)
+                if not gtu.plan.fixed_shapes:
+                    raise ValueError(
+                        f"{self.folder}: layer {gtu.layer_idx} decodes with the {gtu.plan.PLAN!r} state, which grows "
+                        f"with the context (generation_cache={self.config.generation_cache!r}, a kernel without a "
+                        "float32 support): vLLM keeps a fixed-size state per request, which the compact state or "
+                        "the window of a decaying or FD kernel gives")
                 gtu.layer_shapes = gtu.plan.state_shapes(gtu.token_mixer.channels)
         slot_shapes = padded_shapes([gtu.layer_shapes for gtu in gtus])
         for gtu in gtus:
