@@ -65,7 +65,8 @@ def run_engines(folders: dict[str, str], args, prompts: list[list[int]], work: P
                 capacity_context=2048, prompts=prompts)
     (work / "spec.json").write_text(json.dumps(spec))
     env = {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_budget_gib:g}", "HF_HUB_OFFLINE": "1"}
-    subprocess.run([str(VLLM_PYTHON.resolve()), "-m", "modeling_tnn.serving.bench_engine", str(work / "spec.json"),
+    # absolute(), not resolve(): the venv's python is a link to the base interpreter, which has no vLLM
+    subprocess.run([str(VLLM_PYTHON.absolute()), "-m", "modeling_tnn.serving.bench_engine", str(work / "spec.json"),
                     str(work / "engine.json")], check=True, env={**os.environ, **env})
     return json.loads((work / "engine.json").read_text())
 
