@@ -103,10 +103,10 @@ vllm-version:  ## the vLLM release the serving plugin is written for
 
 vllm-install: $(VLLM_VENV)/.installed  ## vLLM (CPU build) and this project's serving plugin in .venv-vllm
 
-serve: $(VLLM_VENV)/.installed  ## vLLM's OpenAI-compatible server on 127.0.0.1:$(PORT) for a saved causal TNN folder: make serve MODEL=<folder>
+serve: $(VLLM_VENV)/.installed  ## vLLM's OpenAI-compatible server on 127.0.0.1:$(PORT) for a saved causal TNN folder (eager, float32): make serve MODEL=<folder>
 	@test -n "$(MODEL)" || { echo "make serve needs MODEL=<a saved causal TNN folder>"; exit 2; }
 	$(VLLM_PY) -m vllm.entrypoints.openai.api_server --model "$(MODEL)" --host 127.0.0.1 --port $(PORT) \
-		--dtype $(or $(DTYPE),float32) --trust-remote-code
+		--dtype $(or $(DTYPE),float32) --enforce-eager --trust-remote-code
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) $(MIXINS_VENV) $(VLLM_VENV) build *.egg-info

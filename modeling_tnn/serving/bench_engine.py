@@ -1,9 +1,10 @@
 """The vLLM side of the serving benchmark (:mod:`~modeling_tnn.serving.benchmark`), run in vLLM's venv:
 ``python -m modeling_tnn.serving.bench_engine spec.json out.json``. One ``LLM`` per model folder, alive together, so
 that the cells (concurrency x prompt length) run interleaved across the models and repeated; each cell submits its
-requests at once and times them to the last token. Writes, per model, each cell's wall times, output tokens per
-second and median time to first token, and the number of requests of the longest context the engine's state or
-KV budget holds."""
+requests at once and times them to the last token. Prefix caching is off for both (the cells reuse the same
+prompts, so a cached Llama would skip most of its prefill; vLLM has none for recurrent models). Writes, per model,
+each cell's wall times, output tokens per second and median time to first token, and the number of requests of
+2,048 tokens the engine's state or KV budget holds."""
 
 import json
 import statistics
@@ -44,7 +45,7 @@ def main(spec_path: str, out_path: str) -> None:
     longest = max(length for _, length in cells) + new_tokens
     engines = {name: LLM(model=folder, trust_remote_code=True, dtype="float32", enforce_eager=True,
                          max_model_len=longest, max_num_seqs=max(c for c, _ in cells), skip_tokenizer_init=True,
-                         seed=0, disable_log_stats=False)
+                         seed=0, disable_log_stats=False, enable_prefix_caching=False)
                for name, folder in spec["folders"].items()}
     prompts = spec["prompts"]
     for llm in engines.values():  # warm-up: one short request each

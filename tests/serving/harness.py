@@ -1,5 +1,5 @@
-"""What the serving tests share: vLLM's venv (``make vllm-install``; the tests skip, saying so, only where it is absent),
-saved TNN folders, running vllm_generate.py there, and transformers' reference on what vLLM generated."""
+"""What the serving tests share: vLLM's venv (``make vllm-install``; the tests skip, saying so, only where it is not
+installed), saved TNN folders, running vllm_generate.py there, and transformers' reference on what vLLM generated."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from tests.support import PROJECT_ROOT, tiny_config
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 # As the issue's check runs it: offline, a 2 GiB state budget; one OpenMP thread (the tests share 2 cores).
-VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
 # A continuous batch: fewer running requests than prompts, and chunks of at most 256 prompt tokens.
 ENGINE = {"max_num_seqs": 4, "max_num_batched_tokens": 256}
 TOLERANCE = 1e-3
@@ -25,7 +26,8 @@ TOLERANCE = 1e-3
 
 def require_vllm() -> Path:
     if not (VLLM_VENV / ".installed").is_file():  # written by `make vllm-install` once its install check passed
-        pytest.skip("vLLM's venv .venv-vllm is not installed: `make vllm-install` builds it (the serving tests run there)")
+        pytest.skip("vLLM's venv .venv-vllm is not installed: `make vllm-install` builds it (the serving tests run "
+                    "there)")
     return VLLM_PYTHON
 
 

@@ -90,7 +90,8 @@ def _bodies(server) -> list[dict]:
 
 
 def test_a_folder_without_a_plan_fits_it_at_load_saying_so(server):
-    assert "has no decoding_plan.safetensors: fitting the decoding plan of 2 layers at load" in server["log"].read_text()
+    log = server["log"].read_text()
+    assert "has no decoding_plan.safetensors: fitting the decoding plan of 2 layers at load" in log
 
 
 def test_concurrent_requests_complete_as_each_alone(server):
