@@ -33,6 +33,16 @@ def refusal(config: Any) -> str | None:
     return None
 
 
+def growing_state(plan: Any, layer: int, mode: str) -> str | None:
+    """Why a layer's decoding ``plan`` cannot live in a fixed-size slot (its state grows with the context), or None
+    where it can."""
+    if plan.fixed_shapes:
+        return None
+    return (f"layer {layer} decodes with the {plan.PLAN!r} state, which grows with the context "
+            f"(generation_cache={mode!r}, or a kernel without a float32 support such as decay_gamma=1): vLLM keeps a "
+            "fixed-size state per request, which the compact state or the window of a decaying or FD kernel gives")
+
+
 def check_servable(config: Any) -> None:
     """Raise ValueError with :func:`refusal`'s reason where ``config``'s folder cannot be served."""
     reason = refusal(config)

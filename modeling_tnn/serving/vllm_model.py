@@ -36,7 +36,7 @@ from ..decoding_plan import PLANNERS, PlanSettings
 from ..fit_plan_file import PLAN_FILE, load_plan_file, plan_mixers
 from ..ops_fused_gating import silu_mask
 from ..tnn_block import Gtu, TnnBlock, build_final_norm
-from .servable import SERVED_ARCHITECTURE, check_servable
+from .servable import SERVED_ARCHITECTURE, check_servable, growing_state
 from .state_slots import gather_rows, padded_shapes, scatter_rows
 
 # A child of vLLM's logger: vLLM prints what its own loggers say (level, format) and nothing of the others.
@@ -211,12 +211,9 @@ class TnnForCausalLM(nn.Module, HasInnerState, IsAttentionFree):
         with torch.no_grad():
             for gtu in gtus:
                 gtu.plan = planner.choose(gtu.token_mixer, settings, device, STATE_DTYPE)
-                if not gtu.plan.fixed_shapes:
-                    raise ValueError(
-                        f"{self.folder}: layer {gtu.layer_idx} decodes with the {gtu.plan.PLAN!r} state, which grows "
-                        f"with the context (generation_cache={self.config.generation_cache!r}, a kernel without a "
-                        "float32 support): vLLM keeps a fixed-size state per request, which the compact state or "
-                        "the window of a decaying or FD kernel gives")
+                problem = growing_state(gtu.plan, gtu.layer_idx, self.config.generation_cache)
+                if problem is not None:
+                    raise ValueError(f"modeling_tnn's vLLM plugin refuses {self.folder}: {problem}.")
                 gtu.layer_shapes = gtu.plan.state_shapes(gtu.token_mixer.channels)
         slot_shapes = padded_shapes([gtu.layer_shapes for gtu in gtus])
         for gtu in gtus:

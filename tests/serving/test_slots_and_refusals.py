@@ -1,12 +1,14 @@
-"""The per-request state slots (no vLLM needed): one padded shape over the layers, and rows read and written at
-their slots' corners."""
+"""The vLLM-free parts of serving: the per-request state slots (one padded shape over the layers, rows read and
+written at their slots' corners) and which folders and decoding plans are refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from modeling_tnn.serving.servable import refusal
+from modeling_tnn import TnnForCausalLM
+from modeling_tnn.decoding_plan import PLANNERS, PlanSettings
+from modeling_tnn.serving.servable import growing_state, refusal
 from modeling_tnn.serving.state_slots import gather_rows, padded_shapes, scatter_rows
 from tests.support import tiny_config
 
@@ -46,3 +48,20 @@ def test_rows_round_trip_through_their_corners():
 def test_which_folders_are_served(config, reason):
     found = refusal(config)
     assert (found is None) if reason is None else (reason in found)
+
+
+@pytest.mark.parametrize("mixer, overrides, mode, grows", [
+    ("fd", {}, "auto", False),                       # the window of FD's support
+    ("dense", {"decay_gamma": 1.0}, "auto", True),   # no float32 support: ETSC's state
+    ("dense", {}, "etsc", True),
+    ("dense", {}, "exact", False),                   # the window of the decaying kernel's support
+])
+def test_a_state_that_grows_is_refused(mixer, overrides, mode, grows):
+    config = tiny_config(mixer, causal=True, **overrides)
+    layer_mixer = TnnForCausalLM(config).eval().model.layers[0].gtu.token_mixer
+    plan = PLANNERS[mode].choose(layer_mixer, PlanSettings(etsc_length=config.etsc_length), torch.device("cpu"),
+                                 torch.float32)
+    problem = growing_state(plan, 0, mode)
+    assert (problem is not None) == grows
+    if grows:
+        assert "grows with the context" in problem and f"generation_cache={mode!r}" in problem
