@@ -65,3 +65,15 @@ def test_a_state_that_grows_is_refused(mixer, overrides, mode, grows):
     assert (problem is not None) == grows
     if grows:
         assert "grows with the context" in problem and f"generation_cache={mode!r}" in problem
+
+
+def test_the_entry_point_names_the_registration_function():
+    """vLLM finds the plugin by pyproject's ``vllm.general_plugins`` entry point (importable without vLLM)."""
+    import importlib
+    import tomllib
+
+    from tests.support import PROJECT_ROOT
+
+    points = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    module, function = points["vllm.general_plugins"]["modeling_tnn"].split(":")
+    assert callable(getattr(importlib.import_module(module), function))
