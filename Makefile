@@ -59,8 +59,10 @@ test: install  ## the test suite
 test-fast: install  ## the test suite without the tests marked slow (subprocesses, Trainer runs, signals)
 	$(PY) -m pytest -q -m "not slow"
 
-test-mixins: $(MIXINS_VENV)/.installed  ## transformers' own model tests over every TNN class (RUN_SLOW=1: their slow ones too)
+test-mixins: $(MIXINS_VENV)/.installed  ## transformers' own model tests over every TNN class, then with RUN_SLOW=1 (their slow ones too)
 	TRANSFORMERS_TESTS_DIR="$(abspath $(TRANSFORMERS_TESTS_DIR))" $(MIXINS_VENV)/bin/python -m pytest -q \
+		tests/models/test_transformers_mixins.py
+	RUN_SLOW=1 TRANSFORMERS_TESTS_DIR="$(abspath $(TRANSFORMERS_TESTS_DIR))" $(MIXINS_VENV)/bin/python -m pytest -q \
 		tests/models/test_transformers_mixins.py
 
 test-oldest: $(OLDEST_VENV)/.installed  ## the fast suite on the oldest supported transformers, in its own venv

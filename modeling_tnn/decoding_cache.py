@@ -7,8 +7,10 @@ token steps it, several tokens run as a chunk. The cache is a pytree of its tens
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
+from collections.abc import Iterator
 
 import torch
 from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
@@ -106,6 +108,7 @@ class TnnCache(Cache):
         # since a Python int would specialise the graph on its value (see decoding_window.ring_slot).
         self.seen_counter: torch.Tensor | None = None
         self._warned = False
+        self.failure: str | None = None  # why a forward stopped part way through this cache (it is then unusable)
         mixers = [] if model is None else [m for m in model.modules() if isinstance(m, TokenMixer)]
         self._declared_fixed = bool(mixers) and all(PLANNERS[mode].keeps_shapes(mixer) for mixer in mixers)
 
@@ -156,6 +159,19 @@ class TnnCache(Cache):
                              state_bytes=layer.state_bytes(), error_bound=row["error_bound"],
                              plan_source=layer.plan_source))
         return rows
+
+    @contextlib.contextmanager
+    def updating(self) -> Iterator[None]:
+        """Around one forward's update of every layer: refuses a cache a failed forward left half-updated (some layers
+        past the tokens, some not), and marks this one so if the forward fails."""
+        if self.failure is not None:
+            raise ValueError(f"cache: a forward failed part way through this cache ({self.failure}), leaving its "
+                             "layers at different positions; start a new cache (a fresh forward or generate).")
+        try:
+            yield
+        except BaseException as error:
+            self.failure = f"{type(error).__name__}: {error}"
+            raise
 
     def advance(self, tokens: int) -> None:
         """Count ``tokens`` more seen tokens; warn once when an inexact plan passes its horizon."""

@@ -12,7 +12,7 @@ that calls them with its constants.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,38 +21,14 @@ from .decoding_state import DecodingState, Positions, States
 from .decoding_window import (in_place, reversed_taps, ring_history, ring_slot, slot_read, slot_taps, slot_write,
                               window_prefill, window_read)
 
+from .fit_store import PoleGroups
+
 if TYPE_CHECKING:
     from .fit_store import ModalTail
     from .mixer_base import TokenMixer
 
 # Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
 MODAL_BLOCK = 128
-# Channels that share one pole set run as one matrix product once there are at least this many of them.
-SMALLEST_SHARED_GROUP = 8
-
-
-class PoleGroups(NamedTuple):
-    """Channels that share a pole set: ``order`` (c,) lists each group's channels in turn (``sizes`` of them), then
-    the channels with poles of their own; ``rank`` (c,) is its inverse permutation."""
-
-    order: torch.Tensor
-    rank: torch.Tensor
-    sizes: tuple[int, ...]
-
-
-def pole_groups(poles: torch.Tensor, smallest: int = SMALLEST_SHARED_GROUP) -> PoleGroups:
-    """The groups of at least ``smallest`` channels of ``poles`` (c, r) whose pole sets are equal (the compact fit's
-    shared rungs give every channel they certify the same set)."""
-    rows = torch.view_as_real(poles.resolve_conj()).reshape(poles.shape[0], -1)
-    _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
-    shared = (counts >= smallest).nonzero()[:, 0].tolist()
-    members = [(inverse == group).nonzero()[:, 0] for group in shared]
-    members.append((~torch.isin(inverse, torch.tensor(shared, dtype=inverse.dtype, device=inverse.device)))
-                   .nonzero()[:, 0])
-    order = torch.cat(members)
-    return PoleGroups(order, torch.argsort(order), tuple(len(m) for m in members[:-1]))
-
-
 def as_complex(planes: torch.Tensor) -> torch.Tensor:
     """Real planes (2, ...) (real part, imaginary part) as one complex tensor."""
     return torch.complex(planes[0], planes[1])
@@ -225,11 +201,11 @@ class CompactState(DecodingState):
         exact taps in ``dtype``."""
         def planes(values: torch.Tensor) -> torch.Tensor:
             return torch.stack([values.real, values.imag]).to(device).contiguous()
-        groups = pole_groups(tail.poles.to(device))
+        groups = tail.pole_groups()
         return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, shared_groups=groups.sizes,
                    poles=planes(tail.poles), residues=planes(tail.residues),
-                   taps_twice=reversed_taps(mixer, tail.window, device, dtype), channel_order=groups.order,
-                   channel_rank=groups.rank)
+                   taps_twice=reversed_taps(mixer, tail.window, device, dtype),
+                   channel_order=groups.order.to(device), channel_rank=groups.rank.to(device))
 
     def describe(self) -> dict:
         return {**super().describe(), "window": self.capacity, "modes": self.modes, "error_bound": self.error_bound}

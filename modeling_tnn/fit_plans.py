@@ -47,6 +47,7 @@ def modal_tail(mixer: TokenMixer, tolerance: float, device: torch.device) -> Mod
     plan = store.resolved(tolerance, device, version)
     if plan is None:
         plan = _resolved(mixer, tolerance, device)
+        plan.tail.pole_groups()  # found now, eagerly: a traced decode reads this tail
         store.remember(tolerance, device, version, plan)
     return plan.tail
 

@@ -1,6 +1,7 @@
 """A fitted decoding plan and the store each token mixer keeps its plans in.
 
-A layer's compact plan is its kernel's tail as modes (:class:`ModalTail`), fitted for a tolerance on a set of weights
+A layer's compact plan is its kernel's tail as modes (:class:`ModalTail`, with the channels that share a pole set),
+fitted for a tolerance on a set of weights
 (:mod:`~modeling_tnn.fit_ladder`) or loaded with them (:mod:`~modeling_tnn.fit_plan_file`). Each mixer holds one
 :class:`PlanStore` (``TokenMixer.decoding_plans``): the plan shipped with the weights, and the plans resolved since,
 each under what invalidates it (the parameters' version, the tolerance, the device). This module imports nothing
@@ -11,8 +12,34 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+
+# Channels that share one pole set run as one matrix product once there are at least this many of them.
+SMALLEST_SHARED_GROUP = 8
+
+
+class PoleGroups(NamedTuple):
+    """Channels that share a pole set: ``order`` (c,) lists each group's channels in turn (``sizes`` of them), then
+    the channels with poles of their own; ``rank`` (c,) is its inverse permutation."""
+
+    order: torch.Tensor
+    rank: torch.Tensor
+    sizes: tuple[int, ...]
+
+
+def pole_groups(poles: torch.Tensor, smallest: int = SMALLEST_SHARED_GROUP) -> PoleGroups:
+    """The groups of at least ``smallest`` channels of ``poles`` (c, r) whose pole sets are equal (the compact fit's
+    shared rungs give every channel they certify the same set)."""
+    rows = torch.view_as_real(poles.resolve_conj()).reshape(poles.shape[0], -1)
+    _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+    shared = (counts >= smallest).nonzero()[:, 0].tolist()
+    members = [(inverse == group).nonzero()[:, 0] for group in shared]
+    members.append((~torch.isin(inverse, torch.tensor(shared, dtype=inverse.dtype, device=inverse.device)))
+                   .nonzero()[:, 0])
+    order = torch.cat(members)
+    return PoleGroups(order, torch.argsort(order), tuple(len(m) for m in members[:-1]))
 
 
 @dataclass
@@ -37,6 +64,14 @@ class ModalTail:
     def __post_init__(self):
         # A Python float, read once when fitted: traced code must not read tensor values.
         self.max_bound = float(self.bound.max())
+        self._groups: PoleGroups | None = None
+
+    def pole_groups(self) -> PoleGroups:
+        """The channels that share a pole set (:func:`pole_groups`), found once, eagerly (traced code builds its
+        state from a tail resolved before, and must not find them: their count is data-dependent)."""
+        if self._groups is None:
+            self._groups = pole_groups(self.poles)
+        return self._groups
 
 
 @dataclass

@@ -16,8 +16,9 @@ Every keyword a forward receives is used or refused (:func:`split_keywords`):
 
 When position_ids mark documents: only without a decoding cache and without padding. Under a padding mask (as
 ``generate`` builds them under left padding: 0 on padding, then 0, 1, 2, ... on the tokens) or while continuing a
-cache, they are positions: each row's real tokens must be numbered consecutively, and they are never read as
-document breaks. TNN's mixers are Toeplitz (relative), so positions carry nothing else. Under torch.compile /
+cache, they are positions: each row's real tokens must be numbered consecutively (after padding, also on from the
+padding slot before them: generate's numbering of what it appends to a right-padded prompt), and they are never read
+as document breaks. TNN's mixers are Toeplitz (relative), so positions carry nothing else. Under torch.compile /
 torch.export (no values to read) position_ids are taken as positions in an inference graph (no gradients: what
 generate and transformers' exporter trace) and refused in a training graph; a packed batch must run eagerly.
 """
@@ -89,17 +90,23 @@ def _per_token(value: Any, name: str, batch: int, width: int) -> torch.Tensor:
 
 
 def _check_consecutive(position_ids: torch.Tensor, mask: torch.Tensor | None, why: str) -> None:
-    """Each row's real tokens numbered consecutively (any start): positions, not documents."""
+    """Each row's real tokens numbered consecutively (any start): positions, not documents. Padding slots are no
+    tokens and hold any number; a token right after padding may also count on from that slot's number, as
+    ``generate`` numbers the tokens it appends to a right-padded prompt (one past the last slot)."""
     real = torch.ones_like(position_ids, dtype=torch.bool) if mask is None else mask > 0
-    rank = real.long().cumsum(1)
-    offset = position_ids.long() - rank
-    big = torch.iinfo(torch.long).max
-    low = offset.masked_fill(~real, big).amin(1)
-    high = offset.masked_fill(~real, -big).amax(1)
-    if bool(((high > low) & real.any(1)).any()):
+    positions = position_ids.long()
+    index = torch.arange(positions.shape[1], device=positions.device).expand_as(positions)
+    # the row's previous real token (-1: none), from the last real one at or before each place
+    last_real = torch.where(real, index, torch.full_like(index, -1)).cummax(1).values
+    previous_real = torch.cat([torch.full_like(last_real[:, :1], -1), last_real[:, :-1]], 1)
+    follows_real = positions == positions.gather(1, previous_real.clamp(min=0)) + 1
+    follows_padding = torch.zeros_like(real)
+    follows_padding[:, 1:] = ~real[:, :-1] & (positions[:, 1:] == positions[:, :-1] + 1)
+    if bool((real & (previous_real >= 0) & ~follows_real & ~follows_padding).any()):
         raise ValueError(f"position_ids: {why} they must number each row's tokens consecutively (one document per "
-                         "row); documents are read from position_ids restarting at 0 only without a cache and "
-                         "without padding.")
+                         "row; after padding, on from the previous token or from the padding slot before it); "
+                         "documents are read from position_ids restarting at 0 only without a cache and without "
+                         "padding.")
 
 
 def _starts_from_positions(position_ids: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,9 @@ def validate_model_inputs(
         continues_cache: Whether the call continues a decoding cache (the mask may then be wider than the input).
 
     Empty inputs are refused rather than answered with empty outputs: a Toeplitz mixer has nothing to mix in a
-    sequence of length 0, and an empty batch is almost always an upstream mistake.
+    sequence of length 0, and an empty batch is almost always an upstream mistake. The checks of values (the ids'
+    range, a 0/1 mask) cost one host synchronisation: they run on prompts and chunks, not on a decoding step (one
+    token per row continuing a cache), which must not stall an accelerator's queue every token.
     """
     if (input_ids is None) == (inputs_embeds is None):
         given = "both" if input_ids is not None else "neither"
@@ -90,8 +92,8 @@ def validate_model_inputs(
         if attention_mask.dtype.is_complex:
             raise ValueError(f"attention_mask must be boolean, integer or floating, got dtype {attention_mask.dtype}.")
 
-    if tracing() or inputs.device.type == "meta":
-        return
+    if tracing() or inputs.device.type == "meta" or (continues_cache and length == 1):
+        return  # a decoding step: no host synchronisation per token (an id out of range fails in the embedding)
     # One host synchronisation for every value check.
     stats = []
     if input_ids is not None:

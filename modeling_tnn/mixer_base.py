@@ -15,7 +15,7 @@ from .runtime import as_dtype, compute_dtype, tracing
 
 if TYPE_CHECKING:
     from .ops_documents import DocumentLayout
-    from .ops_fused_gating import InputMap
+    from .ops_input_map import InputMap
 
 # Parameter-free tensors (TokenMixer.constant) a mixer keeps: one or two per input length it has seen.
 MAX_CONSTANTS = 16

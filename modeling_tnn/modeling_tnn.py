@@ -28,6 +28,7 @@ from .fit_plan_file import load_plan_file, save_with_plan
 from .input_packing import CAUSAL_LM_LOSS_KEYWORDS, LOSS_KEYWORDS, backbone_documents, split_keywords
 from .input_validation import validate_model_inputs
 from .ops_documents import DocumentLayout, pool_documents
+from .runtime import tracing
 from .tnn_block import Dropout, TnnBlock, build_final_norm
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; support both.
@@ -196,6 +197,25 @@ class TnnModel(TnnPreTrainedModel):
         if self.config.embedding_layer_norm:
             hidden_states = self.embedding_norm(hidden_states)
         hidden_states = self.dropout(hidden_states)
+        if cache is not None and not tracing():
+            with cache.updating():  # a forward that fails part way leaves a cache no later call may read
+                hidden_states, all_hidden_states = self._blocks(hidden_states, attention_mask, cache, documents,
+                                                                output_hidden_states)
+        else:
+            hidden_states, all_hidden_states = self._blocks(hidden_states, attention_mask, cache, documents,
+                                                            output_hidden_states)
+        if cache is not None:
+            cache.advance(length)
+
+        output = BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden_states,
+                                         **{CACHE_FIELD: cache})
+        return output if return_dict else output.to_tuple()
+
+    def _blocks(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache: TnnCache | None,
+                documents: DocumentLayout | None, output_hidden_states: bool
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The blocks and the final norm: the last hidden states, and every layer's input (and the output) when
+        ``output_hidden_states``."""
         all_hidden_states = () if output_hidden_states else None
         for layer in self.layers:
             if output_hidden_states:
@@ -204,12 +224,7 @@ class TnnModel(TnnPreTrainedModel):
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
-        if cache is not None:
-            cache.advance(length)
-
-        output = BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden_states,
-                                         **{CACHE_FIELD: cache})
-        return output if return_dict else output.to_tuple()
+        return hidden_states, all_hidden_states
 
 
 class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
@@ -286,6 +301,21 @@ class TnnForCausalLM(TnnPreTrainedModel, GenerationMixin):
         output = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
                                         **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
         return output if return_dict else output.to_tuple()
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs):
+        """transformers' own cache preparation (none for a recurrent model: the first forward makes its cache), plus
+        a :class:`TnnCache` up front where ``prefill_chunk_size`` asks for a chunked prefill, which continues one
+        cache chunk by chunk (each chunk on the state, as cheap per token as one prefill: docs/generation.md)."""
+        chunk = generation_config.prefill_chunk_size
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"prefill_chunk_size must be a positive integer (tokens per prefill chunk) or None "
+                             f"(the whole prompt at once), got {chunk!r}.")
+        result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if (chunk is not None and generation_config.use_cache is not False
+                and model_kwargs.get(_GENERATION_CACHE_KWARG) is None):
+            model_kwargs[_GENERATION_CACHE_KWARG] = TnnCache(self.config, mode=model_kwargs.get("generation_cache"),
+                                                              model=self)
+        return result
 
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, attention_mask=None,
                                       inputs_embeds=None, **kwargs):

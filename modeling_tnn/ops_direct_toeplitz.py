@@ -52,6 +52,39 @@ def _sequence_major(y: torch.Tensor) -> torch.Tensor:
     return y.reshape(c, b * n).t().contiguous().view(b, n, c)
 
 
+def direct_toeplitz_forward(x: torch.Tensor, taps: torch.Tensor, lag0: int, need_x: bool, need_taps: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:class:`_DirectToeplitz`'s forward: the output and what its backward needs, the input channel-major (c, b, n)
+    where the taps need a gradient (``need_taps``) and the (c, n, n) matrices where the input does (``need_x``)."""
+    channel_major = _channel_major(x)                                             # (c, b, n)
+    matrices = _toeplitz_matrices(_lag_rows(taps, x.shape[1], lag0))
+    y = torch.bmm(channel_major, matrices.transpose(1, 2))                         # (c, b, n)
+    return _sequence_major(y), channel_major if need_taps else None, matrices if need_x else None
+
+
+def direct_toeplitz_backward(grad: torch.Tensor, channel_major: torch.Tensor | None, matrices: torch.Tensor | None,
+                             lag0: int, rows: int, need_x: bool, need_taps: bool
+                             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of :class:`_DirectToeplitz`'s input and ``rows`` taps (None where not needed) from that of its
+    output, with what :func:`direct_toeplitz_forward` kept."""
+    b, n, c = grad.shape
+    grad_major = _channel_major(grad)                                              # (c, b, n)
+    grad_x = grad_taps = None
+    if need_x:
+        grad_x = _sequence_major(torch.bmm(grad_major, matrices))
+    if need_taps:
+        lags = _diagonal_sums(torch.bmm(grad_major.transpose(1, 2), channel_major))  # (c, 2n - 1)
+        low, high = max(0, lag0 - (n - 1)), min(rows, lag0 + n)
+        start = (n - 1) - (lag0 - low)
+        inside = lags[:, start: start + high - low].t()
+        if high - low == rows:
+            grad_taps = inside.contiguous()
+        else:  # taps at lags no output reaches
+            grad_taps = lags.new_zeros(rows, c)
+            grad_taps[low:high] = inside
+    return grad_x, grad_taps
+
+
 class _DirectToeplitz(torch.autograd.Function):
     """``y[b, i, c] = sum_j t_c(i - j) x[b, j, c]`` as one batched product with the (n, n) Toeplitz matrix per
     channel, with a hand-written backward: the input gradient is the product with the transposed matrices, the
@@ -61,35 +94,15 @@ class _DirectToeplitz(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, taps: torch.Tensor, lag0: int) -> torch.Tensor:
-        channel_major = _channel_major(x)                                             # (c, b, n)
-        matrices = _toeplitz_matrices(_lag_rows(taps, x.shape[1], lag0))
-        y = torch.bmm(channel_major, matrices.transpose(1, 2))                         # (c, b, n)
-        ctx.save_for_backward(channel_major if ctx.needs_input_grad[1] else None,
-                              matrices if ctx.needs_input_grad[0] else None)
+        y, channel_major, matrices = direct_toeplitz_forward(x, taps, lag0, *ctx.needs_input_grad[:2])
+        ctx.save_for_backward(channel_major, matrices)
         ctx.lag0, ctx.rows = lag0, taps.shape[0]
-        return _sequence_major(y)
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        channel_major, matrices = ctx.saved_tensors
-        b, n, c = grad.shape
-        grad_major = _channel_major(grad)                                              # (c, b, n)
-        grad_x = grad_taps = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _sequence_major(torch.bmm(grad_major, matrices))
-        if ctx.needs_input_grad[1]:
-            lags = _diagonal_sums(torch.bmm(grad_major.transpose(1, 2), channel_major))  # (c, 2n - 1)
-            rows = ctx.rows
-            low, high = max(0, ctx.lag0 - (n - 1)), min(rows, ctx.lag0 + n)
-            start = (n - 1) - (ctx.lag0 - low)
-            inside = lags[:, start: start + high - low].t()
-            if high - low == rows:
-                grad_taps = inside.contiguous()
-            else:  # taps at lags no output reaches
-                grad_taps = lags.new_zeros(rows, c)
-                grad_taps[low:high] = inside
-        return grad_x, grad_taps, None
+        return *direct_toeplitz_backward(grad, *ctx.saved_tensors, ctx.lag0, ctx.rows, *ctx.needs_input_grad[:2]), None
 
 
 def direct_convolve(x: torch.Tensor, taps: torch.Tensor, lag0: int) -> torch.Tensor:

@@ -30,9 +30,10 @@ import torch
 from .ops_direct_toeplitz import direct_convolve
 from .ops_fft_convolution import fft_convolve, single_block_convolve
 from .ops_fft_sizes import fft_length, smooth_size
+from .runtime import tracing
 
 if TYPE_CHECKING:
-    from .ops_fused_gating import InputMap
+    from .ops_input_map import InputMap
 
 
 @dataclass(frozen=True)
@@ -264,3 +265,12 @@ def convolve(x: torch.Tensor, kernel: ConvolutionKernel, recompute: bool | None 
 def use_direct(batch: int, n: int, channels: int, policy: ConvolutionPolicy | None = None) -> bool:
     """Whether a (batch, n, channels) input takes the direct product under ``policy`` (default: the current one)."""
     return (current_policy() if policy is None else policy).direct(batch, n, channels)
+
+
+def fuses_gating(u_pre: torch.Tensor, v_pre: torch.Tensor, recompute: bool | None) -> bool:
+    """Whether the GTU's gating of ``u_pre`` and ``v_pre`` takes the fused ops of ops_fused_gating (which recompute
+    their silus in backward): when gradients flow and ``recompute`` (the mixer's ``recompute_spectra``) asks for it,
+    or (None) when the two activations exceed the current policy's ``recompute_bytes``, the size at which the
+    convolution recomputes its spectra too."""
+    grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
+    return grad and current_policy().recomputes(2 * v_pre.numel() * v_pre.element_size(), recompute)

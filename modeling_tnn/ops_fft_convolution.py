@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 if TYPE_CHECKING:
-    from .ops_fused_gating import InputMap
+    from .ops_input_map import InputMap
 
 CHUNK_ALIGN = 16  # whole 64-byte lines of float32 channels per row when chunks are cut out of (b, n, c)
 
@@ -104,6 +104,150 @@ def _gather_kernel_grad(out: torch.Tensor, circular: torch.Tensor, channels: sli
         out[:lag0, channels].copy_(circular[:, fft_len - lag0:].t())
 
 
+def _place_output_grad(slots: torch.Tensor, g: torch.Tensor) -> None:
+    """``slots`` (b, k, blocks, step) <- the output gradient ``g`` (b, k, n) cut into blocks of ``step`` (the last one
+    cut short): each window's output gradient sits at its output slots, the adjoint of keeping only those outputs."""
+    b, k, _, step = slots.shape
+    whole, rest = divmod(g.shape[-1], step)
+    if whole:
+        slots[:, :, :whole].copy_(g[..., : whole * step].reshape(b, k, whole, step))
+    if rest:
+        slots[:, :, whole, :rest].copy_(g[..., whole * step:])
+
+
+def _overlap_add(acc: torch.Tensor, window_grad: torch.Tensor, step: int) -> torch.Tensor:
+    """The window gradients ``window_grad`` (b, k, blocks, fft_len) added back onto the sequence they were cut from
+    (window j starts at block j), in ``acc`` (b, k, blocks + spans, step): the adjoint of :func:`_fill_windows`, as
+    (b, k, (blocks + spans) * step) from the first window's start."""
+    blocks, fft_len = window_grad.shape[2:]
+    acc.zero_()
+    for span in range(-(-fft_len // step)):
+        width = min(step, fft_len - span * step)
+        acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
+    return acc.view(*acc.shape[:2], -1)
+
+
+def block_convolution_forward(x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int, offset: int, lag0: int,
+                              recompute: bool, rebuild: Callable[[], torch.Tensor] | None, input_map: InputMap | None,
+                              chunk_elements: int | None, kernel_grad: bool
+                              ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...], tuple]:
+    """:class:`_BlockConvolution`'s forward: ``(y, saved, geometry)``, ``saved`` the tensors its backward needs (the
+    pre-image or input where needed, the spectral kernel, and the spectra it keeps unless ``recompute``) and
+    ``geometry`` the sizes and modes that read them back (:func:`block_convolution_backward`). ``kernel_grad``:
+    whether the kernel needs a gradient (then the input, or its spectra, are kept)."""
+    pre = x
+    if input_map is not None:  # x is a pre-image: convolve input_map(x), keep x alone for backward
+        x = input_map(pre).contiguous()
+    b, n, c = x.shape
+    blocks = -(-n // step)
+    chunk = channels_per_chunk(c, b * blocks * fft_len, chunk_elements)
+    windows = x.new_empty(b, chunk, blocks, fft_len)
+    spectral = kernel.is_complex()
+    placed = None if spectral else x.new_empty(chunk, fft_len)
+    stage = x.new_empty(max(b * n, kernel.shape[0]) * chunk) if chunk < c else None
+    y = x.new_empty(b, n, c)
+    keep = kernel_grad and not recompute  # the input spectra, for the kernel gradient
+    input_spectra, kernel_spectra = [], []
+    for start in range(0, c, chunk):
+        channels = slice(start, min(c, start + chunk))
+        k = channels.stop - start
+        kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k], stage)
+        x_f = torch.fft.rfft(_fill_windows(windows[:, :k], *_staged(stage, x, channels), step, offset), dim=-1)
+        if keep:
+            input_spectra.append(x_f)
+            y_f = x_f * kernel_f[:, None]
+        else:
+            y_f = x_f.mul_(kernel_f[:, None])
+        if not recompute and not spectral:
+            kernel_spectra.append(kernel_f)
+        out = torch.fft.irfft(y_f, n=fft_len, dim=-1)[..., offset: offset + step]
+        y[:, :, channels].copy_(out.reshape(b, k, blocks * step)[..., :n].transpose(1, 2))
+    kept = pre if input_map is not None else (x if recompute and kernel_grad else None)
+    if recompute:
+        # With ``rebuild`` the kernel is not kept either: backward calls it for the same values.
+        saved = (kept, kernel if rebuild is None or spectral else None)
+    else:
+        saved = (kept, kernel if spectral else None, *kernel_spectra, *input_spectra)
+    return y, saved, (n, fft_len, step, offset, chunk, kernel.shape[0], lag0, recompute, spectral)
+
+
+def block_convolution_backward(grad: torch.Tensor, saved: tuple[torch.Tensor | None, ...], geometry: tuple,
+                               input_map: InputMap | None, rebuild: Callable[[], torch.Tensor] | None,
+                               need_x: bool, need_kernel: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of :class:`_BlockConvolution`'s input and kernel (None where not needed) from that of its output,
+    with what :func:`block_convolution_forward` saved (``saved``, unpacked once: activation checkpointing allows no
+    second unpacking) and its ``geometry``; ``rebuild`` recomputes a kernel that was not kept."""
+    n, fft_len, step, offset, chunk, rows, lag0, recompute, spectral = geometry
+    b, _, c = grad.shape
+    chunks = -(-c // chunk)
+    pre, kernel = saved[:2]
+    x = pre
+    if input_map is not None and recompute and need_kernel:
+        x = input_map(pre).contiguous()
+    if recompute and kernel is None and need_x:
+        with torch.no_grad():
+            kernel = rebuild()
+    kernel_spectra = saved[2: 2 + chunks] if not recompute and not spectral else None
+    input_spectra = saved[2 + (0 if spectral or recompute else chunks):]
+    blocks = -(-n // step)
+    grad_x = grad.new_empty(b, n, c) if need_x else None
+    grad_kernel = None
+    if need_kernel:
+        if spectral:
+            grad_kernel = grad.new_empty((fft_len // 2 + 1, c), dtype=grad.dtype.to_complex())
+            weights = _onesided_weights(fft_len, grad.dtype, grad.device)
+        else:
+            grad_kernel = grad.new_empty(rows, c)
+    if recompute:
+        windows = grad.new_empty(b, chunk, blocks, fft_len) if need_kernel else None
+        placed = None if spectral else grad.new_empty(chunk, fft_len)
+    # Each window's output gradient sits at slots offset .. offset + step - 1, zero elsewhere.
+    padded = grad.new_zeros(b, chunk, blocks, fft_len)
+    stage = grad.new_empty(max(b * n, rows) * chunk) if chunk < c else None
+    spans = -(-fft_len // step)  # how many blocks of x one window overlaps
+    if need_x and blocks > 1:
+        summed = grad.new_empty(b, chunk, blocks + spans, step)
+    for index, start in enumerate(range(0, c, chunk)):
+        channels = slice(start, min(c, start + chunk))
+        k = channels.stop - start
+        g, inside = _staged(stage, grad, channels)
+        _place_output_grad(padded[:, :k, :, offset: offset + step], g[:, :, inside].transpose(1, 2))
+        g_f = torch.fft.rfft(padded[:, :k], dim=-1)
+        if need_kernel:
+            # Correlation of the output gradient with the input, per bin: conj(X) G summed over batch and blocks
+            # (reducing dims 0 and 2 at once is slow). Its irfft is the gradient of the time-domain kernel; the
+            # spectrum's (PyTorch's convention for complex inputs) weighs each bin as irfft counts it.
+            if recompute:
+                x_f = torch.fft.rfft(_fill_windows(windows[:, :k], *_staged(stage, x, channels), step, offset),
+                                     dim=-1)
+                product = x_f.conj_physical_().mul_(g_f)
+            else:
+                product = input_spectra[index].conj_physical().mul_(g_f)
+            if blocks == 1:  # a sum over the size-1 block dim still fills and copies a whole output
+                product = product[0, :, 0] if b == 1 else product[:, :, 0].sum(0)              # (k, F)
+            else:
+                product = product.sum(2).sum(0)
+            if spectral:
+                grad_kernel[:, channels] = (product * weights).t()
+            else:
+                _gather_kernel_grad(grad_kernel, torch.fft.irfft(product, n=fft_len, dim=-1), channels, lag0)
+        if need_x:
+            if recompute:
+                kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k], stage)
+            else:
+                kernel_f = kernel[:, channels].t() if spectral else kernel_spectra[index]
+            # The adjoint of a convolution is the correlation with the same kernel: multiply by conj(K).
+            window_grad = torch.fft.irfft(g_f.mul_(kernel_f.conj()[:, None]), n=fft_len, dim=-1)
+            if blocks == 1:
+                source = window_grad[:, :, 0, offset: offset + n]
+            else:
+                source = _overlap_add(summed[:, :k], window_grad, step)[..., offset: offset + n]
+            grad_x[:, :, channels].copy_(source.transpose(1, 2))
+    if input_map is not None and need_x:  # back through x = input_map(pre)
+        grad_x = input_map.backward(grad_x, pre)
+    return grad_x, grad_kernel
+
+
 class _BlockConvolution(torch.autograd.Function):
     """Overlap-save convolution along dim 1 of (b, n, c), channel chunk by channel chunk, with a hand-written
     backward: one rfft of the zero-padded output gradient serves both the input gradient (one irfft, then
@@ -121,130 +265,44 @@ class _BlockConvolution(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, fft_len: int, step: int, offset: int, lag0: int,
                 recompute: bool, rebuild: Callable[[], torch.Tensor] | None, input_map: InputMap | None,
                 chunk_elements: int | None) -> torch.Tensor:
-        pre = x
-        if input_map is not None:  # x is a pre-image: convolve input_map(x), keep x alone for backward
-            x = input_map(pre).contiguous()
-        b, n, c = x.shape
-        blocks = -(-n // step)
-        chunk = channels_per_chunk(c, b * blocks * fft_len, chunk_elements)
-        windows = x.new_empty(b, chunk, blocks, fft_len)
-        spectral = kernel.is_complex()
-        placed = None if spectral else x.new_empty(chunk, fft_len)
-        stage = x.new_empty(max(b * n, kernel.shape[0]) * chunk) if chunk < c else None
-        y = x.new_empty(b, n, c)
-        keep = ctx.needs_input_grad[1] and not recompute  # the input spectra, for the kernel gradient
-        input_spectra, kernel_spectra = [], []
-        for start in range(0, c, chunk):
-            channels = slice(start, min(c, start + chunk))
-            k = channels.stop - start
-            kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k], stage)
-            x_f = torch.fft.rfft(_fill_windows(windows[:, :k], *_staged(stage, x, channels), step, offset), dim=-1)
-            if keep:
-                input_spectra.append(x_f)
-                y_f = x_f * kernel_f[:, None]
-            else:
-                y_f = x_f.mul_(kernel_f[:, None])
-            if not recompute and not spectral:
-                kernel_spectra.append(kernel_f)
-            out = torch.fft.irfft(y_f, n=fft_len, dim=-1)[..., offset: offset + step]
-            y[:, :, channels].copy_(out.reshape(b, k, blocks * step)[..., :n].transpose(1, 2))
-        kept = pre if input_map is not None else (x if recompute and ctx.needs_input_grad[1] else None)
-        if recompute:
-            # With ``rebuild`` the kernel is not kept either: backward calls it for the same values.
-            ctx.save_for_backward(kept, kernel if rebuild is None or spectral else None)
-            ctx.rebuild = rebuild
-        else:
-            ctx.save_for_backward(kept, kernel if spectral else None, *kernel_spectra, *input_spectra)
-        ctx.input_map = input_map
-        ctx.geometry = (n, fft_len, step, offset, chunk, kernel.shape[0], lag0, recompute, spectral)
+        y, saved, ctx.geometry = block_convolution_forward(x, kernel, fft_len, step, offset, lag0, recompute, rebuild,
+                                                           input_map, chunk_elements, ctx.needs_input_grad[1])
+        ctx.save_for_backward(*saved)
+        ctx.input_map, ctx.rebuild = input_map, rebuild if recompute else None
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        n, fft_len, step, offset, chunk, rows, lag0, recompute, spectral = ctx.geometry
-        input_map = ctx.input_map
-        b, _, c = grad.shape
-        chunks = -(-c // chunk)
-        saved = ctx.saved_tensors  # unpacked once: activation checkpointing allows no second unpacking
-        pre, kernel = saved[:2]
-        x = pre
-        need_x, need_kernel = ctx.needs_input_grad[:2]
-        if input_map is not None and recompute and need_kernel:
-            x = input_map(pre).contiguous()
-        if recompute and kernel is None and need_x:
-            with torch.no_grad():
-                kernel = ctx.rebuild()
-        kernel_spectra = saved[2: 2 + chunks] if not recompute and not spectral else None
-        input_spectra = saved[2 + (0 if spectral or recompute else chunks):]
-        blocks = -(-n // step)
-        grad_x = grad.new_empty(b, n, c) if need_x else None
-        grad_kernel = None
-        if need_kernel:
-            if spectral:
-                grad_kernel = grad.new_empty((fft_len // 2 + 1, c), dtype=grad.dtype.to_complex())
-                weights = _onesided_weights(fft_len, grad.dtype, grad.device)
-            else:
-                grad_kernel = grad.new_empty(rows, c)
-        if recompute:
-            windows = grad.new_empty(b, chunk, blocks, fft_len) if need_kernel else None
-            placed = None if spectral else grad.new_empty(chunk, fft_len)
-        # Each window's output gradient sits at slots offset .. offset + step - 1, zero elsewhere.
-        padded = grad.new_zeros(b, chunk, blocks, fft_len)
-        stage = grad.new_empty(max(b * n, rows) * chunk) if chunk < c else None
-        whole, rest = divmod(n, step)
-        spans = -(-fft_len // step)  # how many blocks of x one window overlaps
-        if need_x and blocks > 1:
-            summed = grad.new_empty(b, chunk, blocks + spans, step)
-        for index, start in enumerate(range(0, c, chunk)):
-            channels = slice(start, min(c, start + chunk))
-            k = channels.stop - start
-            g, inside = _staged(stage, grad, channels)
-            g = g[:, :, inside].transpose(1, 2)                                        # (b, k, n)
-            slots = padded[:, :k, :, offset: offset + step]
-            if whole:
-                slots[:, :, :whole].copy_(g[..., : whole * step].reshape(b, k, whole, step))
-            if rest:
-                slots[:, :, whole, :rest].copy_(g[..., whole * step:])
-            g_f = torch.fft.rfft(padded[:, :k], dim=-1)
-            if need_kernel:
-                # Correlation of the output gradient with the input, per bin: conj(X) G summed over batch and blocks
-                # (reducing dims 0 and 2 at once is slow). Its irfft is the gradient of the time-domain kernel; the
-                # spectrum's (PyTorch's convention for complex inputs) weighs each bin as irfft counts it.
-                if recompute:
-                    x_f = torch.fft.rfft(_fill_windows(windows[:, :k], *_staged(stage, x, channels), step, offset),
-                                         dim=-1)
-                    product = x_f.conj_physical_().mul_(g_f)
-                else:
-                    product = input_spectra[index].conj_physical().mul_(g_f)
-                if blocks == 1:  # a sum over the size-1 block dim still fills and copies a whole output
-                    product = product[0, :, 0] if b == 1 else product[:, :, 0].sum(0)              # (k, F)
-                else:
-                    product = product.sum(2).sum(0)
-                if spectral:
-                    grad_kernel[:, channels] = (product * weights).t()
-                else:
-                    _gather_kernel_grad(grad_kernel, torch.fft.irfft(product, n=fft_len, dim=-1), channels, lag0)
-            if need_x:
-                if recompute:
-                    kernel_f = _chunk_spectrum(kernel, channels, lag0, None if spectral else placed[:k], stage)
-                else:
-                    kernel_f = kernel[:, channels].t() if spectral else kernel_spectra[index]
-                # The adjoint of a convolution is the correlation with the same kernel: multiply by conj(K).
-                window_grad = torch.fft.irfft(g_f.mul_(kernel_f.conj()[:, None]), n=fft_len, dim=-1)
-                if blocks == 1:
-                    source = window_grad[:, :, 0, offset: offset + n]
-                else:  # overlap-add the window gradients back onto the sequence
-                    acc = summed[:, :k]
-                    acc.zero_()
-                    for span in range(spans):
-                        width = min(step, fft_len - span * step)
-                        acc[:, :, span: span + blocks, :width] += window_grad[..., span * step: span * step + width]
-                    source = acc.view(b, k, -1)[..., offset: offset + n]
-                grad_x[:, :, channels].copy_(source.transpose(1, 2))
-        if input_map is not None and need_x:  # back through x = input_map(pre)
-            grad_x = input_map.backward(grad_x, pre)
+        grad_x, grad_kernel = block_convolution_backward(grad, ctx.saved_tensors, ctx.geometry, ctx.input_map,
+                                                         ctx.rebuild, *ctx.needs_input_grad[:2])
         return grad_x, grad_kernel, None, None, None, None, None, None, None, None
+
+
+def single_block_forward(x: torch.Tensor, taps: torch.Tensor, fft_len: int, lag0: int, taps_grad: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """:class:`_SingleBlockConvolution`'s forward: the output and the two spectra its backward needs, the input's
+    (None unless ``taps_grad``, a gradient of the taps is wanted) and the kernel's."""
+    n = x.shape[1]
+    x_f = torch.fft.rfft(x, n=fft_len, dim=1)
+    kernel_f = torch.fft.rfft(taps, n=fft_len, dim=0)
+    y = torch.fft.irfft(x_f * kernel_f, n=fft_len, dim=1)[:, lag0: lag0 + n]
+    return y.contiguous(), x_f if taps_grad else None, kernel_f
+
+
+def single_block_backward(grad: torch.Tensor, x_f: torch.Tensor | None, kernel_f: torch.Tensor, rows: int,
+                          fft_len: int, lag0: int, need_x: bool, need_taps: bool
+                          ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of :class:`_SingleBlockConvolution`'s input and ``rows`` taps (None where not needed) from that
+    of its output, with the spectra :func:`single_block_forward` kept."""
+    n = grad.shape[1]
+    grad_f = torch.fft.rfft(F.pad(grad, (0, 0, lag0, 0)) if lag0 else grad, n=fft_len, dim=1)
+    grad_taps = grad_x = None
+    if need_taps:
+        grad_taps = torch.fft.irfft((x_f.conj() * grad_f).sum(0), n=fft_len, dim=0)[:rows]
+    if need_x:
+        grad_x = torch.fft.irfft(grad_f.mul_(kernel_f.conj()), n=fft_len, dim=1)[:, :n]
+    return grad_x, grad_taps
 
 
 class _SingleBlockConvolution(torch.autograd.Function):
@@ -256,26 +314,15 @@ class _SingleBlockConvolution(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, taps: torch.Tensor, fft_len: int, lag0: int) -> torch.Tensor:
-        n = x.shape[1]
-        x_f = torch.fft.rfft(x, n=fft_len, dim=1)
-        kernel_f = torch.fft.rfft(taps, n=fft_len, dim=0)
-        y = torch.fft.irfft(x_f * kernel_f, n=fft_len, dim=1)[:, lag0: lag0 + n]
-        ctx.save_for_backward(x_f if ctx.needs_input_grad[1] else None, kernel_f)
-        ctx.geometry = (n, taps.shape[0], fft_len, lag0)
-        return y.contiguous()
+        y, x_f, kernel_f = single_block_forward(x, taps, fft_len, lag0, ctx.needs_input_grad[1])
+        ctx.save_for_backward(x_f, kernel_f)
+        ctx.geometry = (taps.shape[0], fft_len, lag0)
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        x_f, kernel_f = ctx.saved_tensors
-        n, rows, fft_len, lag0 = ctx.geometry
-        grad_f = torch.fft.rfft(F.pad(grad, (0, 0, lag0, 0)) if lag0 else grad, n=fft_len, dim=1)
-        grad_taps = grad_x = None
-        if ctx.needs_input_grad[1]:
-            grad_taps = torch.fft.irfft((x_f.conj() * grad_f).sum(0), n=fft_len, dim=0)[:rows]
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.fft.irfft(grad_f.mul_(kernel_f.conj()), n=fft_len, dim=1)[:, :n]
-        return grad_x, grad_taps, None, None
+        return *single_block_backward(grad, *ctx.saved_tensors, *ctx.geometry, *ctx.needs_input_grad[:2]), None, None
 
 
 def _chunk_spectrum(kernel: torch.Tensor, channels: slice, lag0: int = 0, placed: torch.Tensor | None = None,

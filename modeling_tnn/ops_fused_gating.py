@@ -5,29 +5,15 @@ Why they exist (measured: tests/mixers/test_gtu_gating.py::test_gating_keeps_two
 docs/training-speed.md): the plain composition keeps ``silu(u_pre)`` and the mixer's input ``silu(v_pre) * mask``
 for backward on top of ``u_pre``, ``v_pre`` and the mixer's output; the fused pieces recompute both silus in
 backward instead, two activation-sized tensors fewer per layer. Recomputing costs time (up to 15% of a mixer's
-forward + backward), so the GTU takes them only where memory matters (:func:`fuses_gating`).
+forward + backward), so the GTU takes them only where memory matters (ops_dispatch.fuses_gating, beside the
+convolution's own recompute rule).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
-
-from .ops_dispatch import current_policy
-from .runtime import tracing
-
-
-class InputMap(Protocol):
-    """An elementwise map an operator applies to its input inside its own autograd node (keeping only the
-    pre-image for backward): ``map(pre)`` and the gradient back through it, ``map.backward(grad, pre)`` (which may
-    overwrite ``grad``)."""
-
-    def __call__(self, pre: torch.Tensor) -> torch.Tensor: ...
-
-    def backward(self, grad: torch.Tensor, pre: torch.Tensor) -> torch.Tensor: ...
 
 
 def silu_mask(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -37,7 +23,7 @@ def silu_mask(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 class SiluMask:
-    """:func:`silu_mask` as an :class:`InputMap`, for the convolutions to apply inside their autograd node."""
+    """:func:`silu_mask` as an ops_input_map.InputMap, for the convolutions to apply inside their autograd node."""
 
     def __init__(self, mask: torch.Tensor | None):
         self.mask = mask
@@ -52,6 +38,20 @@ class SiluMask:
         return torch.ops.aten.silu_backward(grad, pre)
 
 
+def silu_gate_forward(pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+    """:class:`_SiluGate`'s forward, ``silu(pre) * mixed`` (its backward needs ``pre`` and ``mixed`` alone)."""
+    return F.silu(pre) * mixed
+
+
+def silu_gate_backward(grad: torch.Tensor, pre: torch.Tensor, mixed: torch.Tensor, need_pre: bool, need_mixed: bool
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of :class:`_SiluGate`'s ``pre`` and ``mixed`` (None where not needed) from that of its output,
+    ``silu(pre)`` recomputed."""
+    grad_pre = torch.ops.aten.silu_backward(grad * mixed, pre) if need_pre else None
+    grad_mixed = grad * F.silu(pre) if need_mixed else None
+    return grad_pre, grad_mixed
+
+
 class _SiluGate(torch.autograd.Function):
     """``silu(pre) * mixed``, keeping ``pre`` and ``mixed`` for backward (``silu(pre)`` is recomputed there), where
     a separate silu and product would keep ``pre``, ``silu(pre)`` and ``mixed``."""
@@ -59,25 +59,14 @@ class _SiluGate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(pre, mixed)
-        return F.silu(pre) * mixed
+        return silu_gate_forward(pre, mixed)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        pre, mixed = ctx.saved_tensors
-        grad_pre = torch.ops.aten.silu_backward(grad * mixed, pre) if ctx.needs_input_grad[0] else None
-        grad_mixed = grad * F.silu(pre) if ctx.needs_input_grad[1] else None
-        return grad_pre, grad_mixed
+        return silu_gate_backward(grad, *ctx.saved_tensors, *ctx.needs_input_grad[:2])
 
 
 def silu_gate(pre: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
     """``F.silu(pre) * mixed`` keeping one activation less for backward (:class:`_SiluGate`)."""
     return _SiluGate.apply(pre, mixed)
-
-
-def fuses_gating(u_pre: torch.Tensor, v_pre: torch.Tensor, recompute: bool | None) -> bool:
-    """Whether the gating of ``u_pre`` and ``v_pre`` takes the fused ops: when gradients flow and ``recompute`` (the
-    mixer's ``recompute_spectra``) asks for it, or (None) when the two activations exceed the convolution policy's
-    ``recompute_bytes``, the size at which the convolution recomputes its spectra too."""
-    grad = torch.is_grad_enabled() and (u_pre.requires_grad or v_pre.requires_grad) and not tracing()
-    return grad and current_policy().recomputes(2 * v_pre.numel() * v_pre.element_size(), recompute)

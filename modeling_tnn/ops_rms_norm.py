@@ -1,5 +1,5 @@
 """SimpleRMSNorm's operator, ``x / (rms(x) + eps)`` over the last dimension, with a hand-written backward that keeps
-its output instead of its input (plain reference: naive.simple_rms_norm; the module is rpe.SimpleRMSNorm).
+its output instead of its input (plain reference: naive.naive_rms_norm; the module is rpe.SimpleRMSNorm).
 
 Why it exists: in a residual network the norm's input is the residual stream, which nothing else saves, while its
 output is saved by the next Linear anyway: one activation fewer per norm (tests/ops/test_rms_norm.py checks what is
@@ -21,6 +21,23 @@ def _norm_and_scale(x: torch.Tensor, eps: float | torch.Tensor) -> tuple[torch.T
     return norm, torch.add(eps, norm, alpha=x.shape[-1] ** -0.5)
 
 
+def rms_norm_forward(x: torch.Tensor, eps: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:class:`_SimpleRMSNormFunction`'s forward: the output ``y = x / s``, and what its backward needs besides it,
+    ``s = rms(x) + eps`` and ``s / ||x||`` (clamped where ``||x|| = 0``)."""
+    norm, scale = _norm_and_scale(x, eps)
+    y = x / scale
+    return y, scale, scale / norm.clamp_min(torch.finfo(norm.dtype).tiny)
+
+
+def rms_norm_backward(grad: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ratio: torch.Tensor,
+                      factor: torch.Tensor | None = None) -> torch.Tensor:
+    """The gradient of :class:`_SimpleRMSNormFunction`'s input from its output's ``grad``, output ``y``, ``scale``
+    and ``ratio``; ``factor`` (the output itself where ``grad`` vanishes wherever it differs from ``y``, as behind a
+    ReLU) may stand in for ``y`` in the projection."""
+    projection = (grad * (y if factor is None else factor)).sum(dim=-1, keepdim=True).mul_(ratio)
+    return torch.addcmul(grad, y, projection, value=-(y.shape[-1] ** -0.5)).div_(scale)
+
+
 class _SimpleRMSNormFunction(torch.autograd.Function):
     """``y = x / s`` with ``s = rms(x) + eps``, saving the output, ``s`` and ``s / ||x||`` only (not the input).
 
@@ -33,24 +50,14 @@ class _SimpleRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
-        norm, scale = _norm_and_scale(x, eps)
-        y = x / scale
-        ctx.save_for_backward(y, scale, scale / norm.clamp_min(torch.finfo(norm.dtype).tiny))
+        y, scale, ratio = rms_norm_forward(x, eps)
+        ctx.save_for_backward(y, scale, ratio)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        return _norm_backward(grad, *ctx.saved_tensors), None
-
-
-def _norm_backward(grad: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ratio: torch.Tensor,
-                   factor: torch.Tensor | None = None) -> torch.Tensor:
-    """The gradient of :class:`_SimpleRMSNormFunction`'s input from its output's ``grad``, output ``y``, ``scale``
-    and ``ratio``; ``factor`` (the output itself where ``grad`` vanishes wherever it differs from ``y``, as behind a
-    ReLU) may stand in for ``y`` in the projection."""
-    projection = (grad * (y if factor is None else factor)).sum(dim=-1, keepdim=True).mul_(ratio)
-    return torch.addcmul(grad, y, projection, value=-(y.shape[-1] ** -0.5)).div_(scale)
+        return rms_norm_backward(grad, *ctx.saved_tensors), None
 
 
 def rms_norm(x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 if TYPE_CHECKING:
-    from .ops_fused_gating import InputMap
+    from .ops_input_map import InputMap
 
 # Rows of the sequence per step of the band's weight gradient: its (kernel_size, rows, channels) accumulator stays
 # in cache, and steps are few enough that dispatch costs little (64 measured best of 8..256 at n=16384).
@@ -87,6 +87,47 @@ def toeplitz_product(toeplitz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return torch.matmul(toeplitz, z.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2)
 
 
+def sparse_plus_low_rank_forward(x: torch.Tensor, band: torch.Tensor, weights: torch.Tensor | None,
+                                 toeplitz: torch.Tensor | None, input_map: InputMap | None = None
+                                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:class:`_SparsePlusLowRank`'s forward: the output and the inducing values ``W^T x`` (b, r, c) its backward
+    needs (None without a low-rank term)."""
+    if input_map is not None:  # x is a pre-image: mix input_map(x), keep x alone
+        x = input_map(x)
+    y = _depthwise(x, band)
+    inducing = None
+    if toeplitz is not None:
+        inducing = torch.bmm(weights.transpose(1, 2), x)                                # (b, r, c)
+        y.baddbmm_(weights, toeplitz_product(toeplitz, inducing))
+    return y, inducing
+
+
+def sparse_plus_low_rank_backward(grad: torch.Tensor, pre: torch.Tensor, band: torch.Tensor,
+                                  weights: torch.Tensor | None, toeplitz: torch.Tensor | None,
+                                  inducing: torch.Tensor | None, input_map: InputMap | None, need_x: bool,
+                                  need_band: bool, need_toeplitz: bool
+                                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of :class:`_SparsePlusLowRank`'s input, band and ``K_r`` (None where not needed) from that of
+    its output, with its input (the pre-image under an ``input_map``) and what :func:`sparse_plus_low_rank_forward`
+    returned besides the output."""
+    x = input_map(pre) if input_map is not None and need_band else pre
+    grad = grad.contiguous()
+    grad_x = _depthwise(grad, band.flip(1)) if need_x else None
+    grad_band = _band_weight_grad(grad, x, band.shape[1]) if need_band else None
+    grad_toeplitz = None
+    if toeplitz is not None and (need_x or need_toeplitz):
+        grad_mixed = torch.bmm(weights.transpose(1, 2), grad)                             # (b, r, c)
+        if need_toeplitz and toeplitz.shape[0] == 1 < grad_mixed.shape[0]:  # one K_r shared by the batch
+            grad_toeplitz = torch.einsum("bic,bjc->cij", grad_mixed, inducing)[None]
+        elif need_toeplitz:
+            grad_toeplitz = grad_mixed.transpose(1, 2).unsqueeze(-1) * inducing.transpose(1, 2).unsqueeze(-2)
+        if need_x:
+            grad_x.baddbmm_(weights, toeplitz_product(toeplitz.transpose(-1, -2), grad_mixed))
+    if input_map is not None and need_x:  # back through x = input_map(pre)
+        grad_x = input_map.backward(grad_x, pre)
+    return grad_x, grad_band, grad_toeplitz
+
+
 class _SparsePlusLowRank(torch.autograd.Function):
     """``y = band(x) + W (K_r (W^T x))`` in one function, so that forward and backward each write one activation-
     sized tensor (the low-rank term is accumulated in place) and the band uses fast kernels: the input gradient is
@@ -97,39 +138,17 @@ class _SparsePlusLowRank(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, band: torch.Tensor, weights: torch.Tensor | None,
                 toeplitz: torch.Tensor | None, input_map: InputMap | None = None) -> torch.Tensor:
-        pre = x
-        if input_map is not None:  # x is a pre-image: mix input_map(x), keep x alone
-            x = input_map(pre)
-        y = _depthwise(x, band)
-        inducing = None
-        if toeplitz is not None:
-            inducing = torch.bmm(weights.transpose(1, 2), x)                                # (b, r, c)
-            y.baddbmm_(weights, toeplitz_product(toeplitz, inducing))
-        ctx.save_for_backward(pre, band, weights, toeplitz, inducing)
+        y, inducing = sparse_plus_low_rank_forward(x, band, weights, toeplitz, input_map)
+        ctx.save_for_backward(x, band, weights, toeplitz, inducing)
         ctx.input_map = input_map
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        pre, band, weights, toeplitz, inducing = ctx.saved_tensors
-        input_map = ctx.input_map
         need_x, need_band, _, need_toeplitz = ctx.needs_input_grad[:4]
-        x = input_map(pre) if input_map is not None and need_band else pre
-        grad = grad.contiguous()
-        grad_x = _depthwise(grad, band.flip(1)) if need_x else None
-        grad_band = _band_weight_grad(grad, x, band.shape[1]) if need_band else None
-        grad_toeplitz = None
-        if toeplitz is not None and (need_x or need_toeplitz):
-            grad_mixed = torch.bmm(weights.transpose(1, 2), grad)                             # (b, r, c)
-            if need_toeplitz and toeplitz.shape[0] == 1 < grad_mixed.shape[0]:  # one K_r shared by the batch
-                grad_toeplitz = torch.einsum("bic,bjc->cij", grad_mixed, inducing)[None]
-            elif need_toeplitz:
-                grad_toeplitz = grad_mixed.transpose(1, 2).unsqueeze(-1) * inducing.transpose(1, 2).unsqueeze(-2)
-            if need_x:
-                grad_x.baddbmm_(weights, toeplitz_product(toeplitz.transpose(-1, -2), grad_mixed))
-        if input_map is not None and need_x:  # back through x = input_map(pre)
-            grad_x = input_map.backward(grad_x, pre)
+        grad_x, grad_band, grad_toeplitz = sparse_plus_low_rank_backward(
+            grad, *ctx.saved_tensors, ctx.input_map, need_x, need_band, need_toeplitz)
         return grad_x, grad_band, None, grad_toeplitz, None
 
 

@@ -11,8 +11,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .configuration_tnn import TnnConfig
 from .decoding_cache import TnnCache, mix_with_cache
 from .mixer_base import TokenMixer
+from .ops_dispatch import fuses_gating
 from .ops_documents import DocumentLayout
-from .ops_fused_gating import SiluMask, fuses_gating, silu_gate, silu_mask
+from .ops_fused_gating import SiluMask, silu_gate, silu_mask
 from .rpe import SimpleRMSNorm
 from .runtime import as_dtype, compute_dtype
 from .tno_dense import DenseTno
@@ -48,7 +49,7 @@ class Gtu(nn.Module):
     def gate(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
              cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
         """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``: through the fused ops where
-        ops_fused_gating.fuses_gating says so, else the plain composition; the same values either way. With
+        ops_dispatch.fuses_gating says so, else the plain composition; the same values either way. With
         ``documents`` (a packed batch, never with a cache) each document is mixed alone."""
         lean = cache is None and fuses_gating(u_pre, v_pre, self.token_mixer.recompute_spectra)
         if lean and v_pre.dtype == compute_dtype(v_pre.dtype):  # silu * mask inside the mixer's operator

@@ -24,7 +24,7 @@ from .rpe import Rpe
 from .runtime import tracing
 
 if TYPE_CHECKING:
-    from .ops_fused_gating import InputMap
+    from .ops_input_map import InputMap
 
 class SkiTno(TokenMixer):
     """Sparse (band convolution) plus low-rank (structured kernel interpolation) Toeplitz approximation."""

@@ -5,7 +5,7 @@
     accelerate launch --cpu --num_processes 2 run_scripts/train_clm.py --config_name tiny --max_train_steps 20
 
 Without --dataset_name or --train_file it trains on the embedded default corpus. ``--help`` lists every flag; the
-logic lives in ``modeling_tnn.recipes`` (the loop: ``pretraining/training.py``), shared with ``train_mlm.py``.
+logic lives in ``modeling_tnn.recipes`` (the loop: ``pretraining/loop.py``), shared with ``train_mlm.py``.
 """
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
     python run_scripts/train_mlm.py --output_dir outputs/mlm --max_train_steps 300
 
 Without --dataset_name or --train_file it trains on the embedded default corpus. ``--help`` lists every flag; the
-logic lives in ``modeling_tnn.recipes`` (the loop: ``pretraining/training.py``), shared with ``train_clm.py``.
+logic lives in ``modeling_tnn.recipes`` (the loop: ``pretraining/loop.py``), shared with ``train_clm.py``.
 """
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Helpers the tests share (fixtures live in conftest.py): the project root, the mixers, tiny configs and models,
 padded batches and a model's main output, the data folder, the bytes autograd saves, run_scripts/ entry points' main,
-the extractive-QA recipe answers are checked with, the dtypes a training step really runs in, and the pretraining
-recipe's tiny runs."""
+the extractive-QA recipe answers are checked with, the dtypes a training step really runs in, the pretraining
+recipe's tiny runs, and the import cycles of a package."""
 
 from __future__ import annotations
 
+import ast
 import os
 import runpy
 import subprocess
@@ -262,3 +263,67 @@ def wait_for_logged_steps(process: subprocess.Popen, metrics: Path, steps: int, 
         if metrics.is_file() and len(metrics.read_text().splitlines()) >= steps:
             return
         time.sleep(0.05)
+
+
+def _module_name(path: Path, package_dir: Path) -> str:
+    """``path``'s dotted name inside ``package_dir`` (``pkg/__init__.py`` is ``pkg``; the top ``__init__.py``,
+    ``""``)."""
+    parts = list(path.relative_to(package_dir).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """Which modules of the package in ``package_dir`` each of its modules imports by relative import, as dotted
+    names inside the package: every ``from .x import y`` counts, at module level, under ``TYPE_CHECKING`` or inside a
+    function alike (transformers' remote-code loader copies them all). ``from .pkg import name`` counts as an
+    import of ``pkg.name`` where that is a module, else of ``pkg``; imports that leave the package are left out."""
+    files = {_module_name(path, package_dir): path for path in sorted(package_dir.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        is_package = path.name == "__init__.py"
+        package = name.split(".") if name else []
+        if not is_package:
+            package = package[:-1]
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or not node.level or node.level - 1 > len(package):
+                continue
+            base = package[: len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            for alias in node.names:
+                target = ".".join(base + [alias.name])
+                graph[name].add(target if target in files else ".".join(base))
+        graph[name] &= files.keys()
+    return graph
+
+
+def import_cycles(package_dir: Path, exclude: Callable[[str], bool] = lambda name: False) -> list[list[str]]:
+    """The import cycles among the modules of the package in ``package_dir`` (see :func:`import_graph`), leaving
+    out the modules ``exclude`` names: one circle ``[a, b, ..., a]`` per group of modules that import each other
+    (strongly connected component), [] when the imports form no circle."""
+    graph = {name: {t for t in targets if not exclude(t)} for name, targets in import_graph(package_dir).items()
+             if not exclude(name)}
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for target in graph[todo.pop()] - seen:
+                seen.add(target)
+                todo.append(target)
+        return seen
+
+    reach = {name: reachable(name) for name in graph}
+    cycles, placed = [], set()
+    for name in sorted(graph):
+        if name in placed or name not in reach[name]:
+            continue
+        group = {other for other in reach[name] if name in reach[other]}
+        placed |= group
+        paths, queue = {name: [name]}, [name]  # breadth first inside the group: a shortest circle through name
+        while name not in graph[queue[0]]:
+            current = queue.pop(0)
+            for target in sorted(graph[current] & group):
+                if target not in paths:
+                    paths[target] = paths[current] + [target]
+                    queue.append(target)
+        cycles.append(paths[queue[0]] + [name])
+    return cycles

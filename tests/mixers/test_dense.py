@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling_tnn.naive import toeplitz_matmul
+from modeling_tnn.naive import naive_convolve
 from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy
 from modeling_tnn.tno_dense import DenseTno
 
@@ -18,7 +18,7 @@ from tests.support import tiny_config
 def test_product_equals_dense_matrix(causal, n, mixer_path):
     mixer = DenseTno(tiny_config(causal=causal), channels=5).double().eval()
     x = torch.randn(3, n, 5, dtype=torch.float64)
-    expected = toeplitz_matmul(x, mixer.coefficients(n, x.device), causal)
+    expected = naive_convolve(x, mixer.coefficients(n, x.device), causal)
     torch.testing.assert_close(mixer(x), expected, atol=1e-10, rtol=0)
 
 
@@ -83,7 +83,7 @@ def test_gradients_equal_the_dense_matrix_product(causal, mixer_path):
     mixer = DenseTno(tiny_config(causal=causal), channels=5).double()
     n = 23
     x = torch.randn(2, n, 5, dtype=torch.float64, requires_grad=True)
-    expected = toeplitz_matmul(x, mixer.coefficients(n, x.device), causal)
+    expected = naive_convolve(x, mixer.coefficients(n, x.device), causal)
     grad = torch.randn_like(expected)
     inputs = (x, *mixer.parameters())
     for got, want in zip(torch.autograd.grad(mixer(x), inputs, grad), torch.autograd.grad(expected, inputs, grad)):
@@ -104,7 +104,7 @@ def test_gradients_in_both_memory_modes(causal, recompute, fft_path):
     mixer.recompute_spectra = recompute
     n = 19
     x = torch.randn(2, n, 5, dtype=torch.float64, requires_grad=True)
-    expected = toeplitz_matmul(x, mixer.coefficients(n, x.device), causal)
+    expected = naive_convolve(x, mixer.coefficients(n, x.device), causal)
     grad = torch.randn_like(expected)
     wanted = torch.autograd.grad(expected, [x, *mixer.parameters()], grad)
     got = torch.autograd.grad(mixer(x), [x, *mixer.parameters()], grad)

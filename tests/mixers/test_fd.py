@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling_tnn.naive import toeplitz_matmul
+from modeling_tnn.naive import naive_convolve
 from modeling_tnn.ops_dispatch import ConvolutionPolicy, Path, convolution_policy, plan_convolution
 from modeling_tnn.tno_fd import FdTno
 
@@ -67,7 +67,7 @@ def test_fd_is_a_toeplitz_product_with_its_fixed_kernel(causal, n, kernel_length
     coeffs = torch.stack([kernel[k + offset] if abs(k) <= half else torch.zeros(3, dtype=torch.float64)
                           for k in lags.tolist()])
     x = torch.randn(2, n, 3, dtype=torch.float64)
-    expected = toeplitz_matmul(x, coeffs, causal)
+    expected = naive_convolve(x, coeffs, causal)
     torch.testing.assert_close(mixer(x), expected, atol=1e-10, rtol=0)
 
 
@@ -84,7 +84,7 @@ def test_fd_gradients_equal_the_dense_matrix_product(causal, mixer_path):
     lags = torch.arange(0, n) if causal else torch.arange(-(n - 1), n)
     offset = 0 if causal else half
     coeffs = torch.stack([kernel[k + offset] if abs(k) <= half else kernel.new_zeros(3) for k in lags.tolist()])
-    expected = toeplitz_matmul(x, coeffs, causal)
+    expected = naive_convolve(x, coeffs, causal)
     grad = torch.randn_like(expected)
     inputs = (x, *mixer.parameters())
     for got, want in zip(torch.autograd.grad(mixer(x), inputs, grad), torch.autograd.grad(expected, inputs, grad)):
@@ -131,7 +131,7 @@ def test_fd_native_spectrum_is_the_grid_response(n):
     kernel = mixer.kernel(torch.device("cpu"))
     half = mixer.grid // 2
     lags = torch.arange(-(n - 1), n)
-    expected = toeplitz_matmul(x, kernel[lags + half], False)
+    expected = naive_convolve(x, kernel[lags + half], False)
     torch.testing.assert_close(y, expected, atol=1e-10, rtol=0)
     grad = torch.randn_like(y)
     inputs = (x, *mixer.parameters())

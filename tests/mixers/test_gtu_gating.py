@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from modeling_tnn.tnn_block import Gtu, build_token_mixer
-from modeling_tnn.naive import gtu_gate
+from modeling_tnn.naive import naive_gtu_gate
 from modeling_tnn.ops_dispatch import ConvolutionPolicy, convolution_policy
 
 from tests.support import saved_bytes, tiny_config
@@ -16,7 +16,7 @@ CASES = [("dense", True), ("dense", False), ("fd", True), ("fd", False), ("ski",
 
 def composed(mixer, u_pre, v_pre, mask):
     """The plain gating around the mixer, written from its definition."""
-    return gtu_gate(u_pre, v_pre, lambda v: mixer(v, mask), mask)
+    return naive_gtu_gate(u_pre, v_pre, lambda v: mixer(v, mask), mask)
 
 
 _GTU: list[Gtu] = []

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM
-from modeling_tnn.naive import glu, gtu_gate
+from modeling_tnn.naive import naive_glu, naive_gtu_gate
 
 from tests.support import tiny_config
 
@@ -77,11 +77,11 @@ def test_the_fused_gtu_and_glu_are_the_plain_ones_of_their_halves():
     width = uv.out_features // 2
     u = torch.nn.functional.linear(x, uv.weight[:width], uv.bias[:width])
     v = torch.nn.functional.linear(x, uv.weight[width:], uv.bias[width:])
-    wanted = block.gtu.o_proj(gtu_gate(u, v, block.gtu.token_mixer))
+    wanted = block.gtu.o_proj(naive_gtu_gate(u, v, block.gtu.token_mixer))
     torch.testing.assert_close(block.gtu(x), wanted, rtol=0, atol=1e-12)
     fused = block.glu.gate_up_proj
     half = fused.out_features // 2
     gate, up = torch.nn.Linear(1, 1).double(), torch.nn.Linear(1, 1).double()
     gate.weight, gate.bias = torch.nn.Parameter(fused.weight[:half]), torch.nn.Parameter(fused.bias[:half])
     up.weight, up.bias = torch.nn.Parameter(fused.weight[half:]), torch.nn.Parameter(fused.bias[half:])
-    torch.testing.assert_close(block.glu(x), glu(x, gate, up, block.glu.down_proj), rtol=0, atol=1e-12)
+    torch.testing.assert_close(block.glu(x), naive_glu(x, gate, up, block.glu.down_proj), rtol=0, atol=1e-12)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling_tnn.naive import toeplitz_matmul
+from modeling_tnn.naive import naive_convolve
 from modeling_tnn.tno_ski import SkiTno
 
 from tests.support import tiny_config
@@ -18,7 +18,7 @@ def test_ski_full_rank_low_rank_part_is_the_exact_toeplitz_product(n):
     x = torch.randn(2, n, 3, dtype=torch.float64)
     lags = torch.arange(-(n - 1), n)
     coeffs = mixer.rpe(lags) * (mixer.gamma ** lags.abs().double())[:, None]
-    expected = toeplitz_matmul(x, coeffs, False)
+    expected = naive_convolve(x, coeffs, False)
     torch.testing.assert_close(mixer.low_rank(x, None), expected, atol=1e-8, rtol=0)
 
 

@@ -9,6 +9,7 @@ import torch
 from modeling_tnn.ops_dispatch import use_direct
 from modeling_tnn.tnn_block import Dropout
 from modeling_tnn.recipes.benchmarks import training as bench
+from modeling_tnn.recipes.benchmarks import training_models
 from modeling_tnn.recipes.benchmarks.op_count import aten_events
 
 
@@ -33,8 +34,8 @@ def test_dropout_still_drops_in_training():
 ], ids=["small_gpt_fft_path", "direct_path"])
 def test_step_records_at_most_one_and_a_half_times_gpt2s_operators(argv, direct):
     args = bench.parse_args([*argv, "--models", "tnn-dense,gpt2", "--count_ops"])
-    config = bench.tnn_config(args, "causal", "dense")
-    assert use_direct(bench.batch_for(args, 64), 64, config.gtu_dim) is direct
+    config = training_models.tnn_config(args, "causal", "dense")
+    assert use_direct(training_models.batch_for(args, 64), 64, config.gtu_dim) is direct
     rows = {row["model"]: row for row in bench.count_ops(args)}
     tnn, gpt2 = rows["tnn-dense"]["forward_backward_one_chunk"], rows["gpt2"]["forward_backward_one_chunk"]
     assert tnn <= 1.5 * gpt2, f"TNN records {tnn} aten ops forward + backward, GPT-2 {gpt2}: {tnn / gpt2:.3f}x"

@@ -1,12 +1,14 @@
 """Packed batches (DataCollatorWithFlattening in each of its modes) through every head: each document's outputs and
 gradients equal the document run alone; the keywords a forward takes are used or refused; generate's position_ids
-(left padding, beams, continuation) are never read as document breaks."""
+(left and right padding, beams, continuation) are never read as document breaks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DataCollatorWithFlattening
+from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging as transformers_logging
 
 from modeling_tnn import (TnnForCausalLM, TnnForMaskedLM, TnnForQuestionAnswering, TnnForSequenceClassification,
                           TnnForTokenClassification, TnnModel)
@@ -177,6 +179,66 @@ def test_generate_position_ids_under_left_padding_and_beams_are_not_documents():
                  **{_cache_name(first): getattr(first, _cache_name(first))})
     full = [model(torch.cat([p, torch.tensor([t])])[None]).logits[0, -1] for p, t in zip(prompts, (3, 4))]
     torch.testing.assert_close(step.logits[:, -1], torch.stack(full), rtol=1e-4, atol=1e-4)
+
+
+RIGHT_PADDED_MASK = [[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0]]
+
+
+def _right_padding_warnings(model, ids, mask, **options) -> list[str]:
+    """The lines transformers' generate logs for a right-padded batch."""
+    logger = transformers_logging.get_logger("transformers.generation.utils")
+    with CaptureLogger(logger) as captured:
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, **options)
+    return [line for line in captured.out.splitlines() if "right-padding was detected" in line]
+
+
+@torch.no_grad()
+def test_generate_under_right_padding_runs_and_warns_as_llama_does():
+    """A tokenizer padding on the right (many do by default) gives generate a mask with zeros at the end of rows: a
+    documented user error for a decoder-only model, which Llama warns of and generates through. generate numbers the
+    tokens it appends one past the padding slot before them (not past the row's real tokens); TNN takes them as
+    positions too, with and without the cache, and both give the same tokens."""
+    model = build(TnnForCausalLM, "dense").float()
+    model.generation_config.pad_token_id = 0
+    mask = torch.tensor(RIGHT_PADDED_MASK)
+    ids = torch.randint(1, 99, mask.shape, generator=torch.Generator().manual_seed(0)).masked_fill(mask == 0, 0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=99, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, pad_token_id=0)).eval()
+    expected = _right_padding_warnings(llama, ids, mask)
+    assert len(expected) == 1
+    for options in ({"use_cache": False}, {"use_cache": True}, {"use_cache": False, "num_beams": 2}):
+        assert _right_padding_warnings(model, ids, mask, **options) == expected, options
+    greedy = {"max_new_tokens": 4, "do_sample": False}
+    no_cache = model.generate(input_ids=ids, attention_mask=mask, use_cache=False, **greedy)
+    cached = model.generate(input_ids=ids, attention_mask=mask, use_cache=True, **greedy)
+    assert no_cache.shape == (3, 11) and torch.equal(no_cache, cached)
+
+
+@pytest.mark.parametrize("position_ids", [
+    [0, 1, 2, 0, 0, 1, 2],    # generate's: padding slots 0, appended tokens one past the last slot
+    [0, 1, 2, 1, 1, 2, 3],    # the same with padding slots holding 1 (another fill: any number is no token)
+    [0, 1, 2, 3, 4, 5, 6],    # one position per slot, padding counted
+    [0, 1, 2, 9, 9, 3, 4],    # padding skipped
+])
+def test_positions_after_right_padding_are_accepted(position_ids):
+    model = build(TnnForCausalLM, "dense").float()
+    ids, mask = torch.arange(5, 12)[None], torch.tensor([[1, 1, 1, 0, 0, 1, 1]])
+    plain = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor([position_ids])
+                                     ).logits, plain)
+
+
+@pytest.mark.parametrize("position_ids,mask", [
+    ([0, 1, 2, 0, 1, 0, 0], [1, 1, 1, 1, 1, 0, 0]),   # a restart among real tokens, padding after
+    ([0, 0, 0, 1, 0, 1, 2], [0, 0, 1, 1, 1, 1, 1]),   # a restart after left padding
+    ([0, 1, 2, 0, 0, 1, 2], [1, 1, 1, 0, 1, 1, 1]),   # a document restarting after padding (one past neither)
+    ([0, 1, 2, 0, 0, 2, 3], [1, 1, 1, 0, 0, 1, 1]),   # one past neither the padding slot nor the real token
+])
+def test_restarting_positions_under_padding_are_refused(position_ids, mask):
+    model = build(TnnForCausalLM, "dense")
+    with pytest.raises(ValueError, match="position_ids: under a padding attention_mask"):
+        model(input_ids=torch.arange(5, 12)[None], attention_mask=torch.tensor([mask]),
+              position_ids=torch.tensor([position_ids]))
 
 
 def test_one_document_per_row_is_a_plain_batch():

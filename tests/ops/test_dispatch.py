@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from modeling_tnn import ops_dispatch
-from modeling_tnn.naive import direct_convolution
+from modeling_tnn.naive import naive_direct_convolve
 from modeling_tnn.ops_dispatch import (ConvolutionKernel, ConvolutionPolicy, Path, convolution_policy, convolve,
                                        current_policy, plan_convolution, use_direct)
 from modeling_tnn.tno_dense import DenseTno
@@ -96,7 +96,7 @@ def test_every_path_is_the_direct_sum_with_exact_gradients(causal, support, n, p
     kernel = kernel_of(full, causal, support)
     plan = plan_convolution(x, kernel, policy=POLICIES[policy])
     reach = plan.reach
-    expected = direct_convolution(x, kernel.taps(reach), 0 if causal else reach)
+    expected = naive_direct_convolve(x, kernel.taps(reach), 0 if causal else reach)
     torch.testing.assert_close(convolve(x, kernel, policy=POLICIES[policy]), expected, atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(lambda a, k: convolve(a, kernel_of(k, causal, support), policy=POLICIES[policy]),
                                     (x, full), fast_mode=True)

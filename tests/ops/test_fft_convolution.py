@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling_tnn.naive import direct_convolution
+from modeling_tnn.naive import naive_direct_convolve
 from modeling_tnn.ops_fft_convolution import channels_per_chunk, fft_convolve, single_block_convolve
 
 from tests.support import saved_bytes
@@ -28,7 +28,7 @@ def test_compact_kernel_matches_the_direct_sum_with_exact_gradients(n, fft_len, 
     def convolve(a, k):
         return fft_convolve(a, k, fft_len, step, offset, lag0=lag0, recompute=recompute)
 
-    torch.testing.assert_close(convolve(x, taps), direct_convolution(x, taps, lag0), atol=1e-12, rtol=0)
+    torch.testing.assert_close(convolve(x, taps), naive_direct_convolve(x, taps, lag0), atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(convolve, (x, taps))
 
 
@@ -42,7 +42,7 @@ def test_single_block_matches_the_direct_sum_with_exact_gradients(n, fft_len, st
         return single_block_convolve(a, k, fft_len, lag0)
 
     assert type(convolve(x, taps).grad_fn).__name__ == "_SingleBlockConvolutionBackward"
-    torch.testing.assert_close(convolve(x, taps), direct_convolution(x, taps, lag0), atol=1e-12, rtol=0)
+    torch.testing.assert_close(convolve(x, taps), naive_direct_convolve(x, taps, lag0), atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(convolve, (x, taps))
 
 
@@ -92,7 +92,7 @@ def test_rebuild_keeps_no_copy_of_the_kernel():
     grad = torch.randn_like(y)
     got = torch.autograd.grad(y, (x, taps), grad)
     assert calls == [1]
-    wanted = torch.autograd.grad(direct_convolution(x, taps, 0), (x, taps), grad)
+    wanted = torch.autograd.grad(naive_direct_convolve(x, taps, 0), (x, taps), grad)
     for a, b in zip(got, wanted):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
@@ -121,7 +121,7 @@ def test_channel_chunks_are_exact(n, fft_len, step, offset, rows, lag0, recomput
     def convolve(a, k):
         return fft_convolve(a, k, fft_len, step, offset, lag0=lag0, recompute=recompute, chunk_elements=1)
 
-    torch.testing.assert_close(convolve(x, taps), direct_convolution(x, taps, lag0), atol=1e-12, rtol=0)
+    torch.testing.assert_close(convolve(x, taps), naive_direct_convolve(x, taps, lag0), atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(convolve, (x, taps), fast_mode=True)
     spectrum = torch.fft.rfft(torch.randn(fft_len, 40, dtype=torch.float64), dim=0).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, k: fft_convolve(a, k, fft_len, step, offset, recompute=recompute,

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modeling_tnn.naive import direct_convolution, gtu_gate, masked_silu
+from modeling_tnn.naive import naive_direct_convolve, naive_gtu_gate, naive_silu_mask
 from modeling_tnn.ops_dispatch import ConvolutionKernel, ConvolutionPolicy, convolve
 from modeling_tnn.ops_fft_convolution import fft_convolve
 from modeling_tnn.ops_fused_gating import SiluMask, silu_gate, silu_mask
@@ -18,7 +18,7 @@ from tests.support import saved_bytes
 def test_silu_gate_is_the_plain_gate_with_exact_gradients_and_keeps_less():
     pre = torch.randn(2, 7, 3, dtype=torch.float64, requires_grad=True)
     mixed = torch.randn(2, 7, 3, dtype=torch.float64, requires_grad=True)
-    plain = gtu_gate(pre, torch.zeros_like(pre), lambda _: mixed)
+    plain = naive_gtu_gate(pre, torch.zeros_like(pre), lambda _: mixed)
     torch.testing.assert_close(silu_gate(pre, mixed), plain, atol=0, rtol=0)
     assert torch.autograd.gradcheck(silu_gate, (pre, mixed))
     activation = pre.numel() * 8
@@ -29,10 +29,10 @@ def test_silu_gate_is_the_plain_gate_with_exact_gradients_and_keeps_less():
 def test_silu_mask_map_is_the_masked_silu(masked):
     pre = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1.0] * 6, [1.0] * 4 + [0.0] * 2], dtype=torch.float64) if masked else None
-    torch.testing.assert_close(silu_mask(pre, mask), masked_silu(pre, mask), atol=0, rtol=0)
-    torch.testing.assert_close(SiluMask(mask)(pre), masked_silu(pre, mask), atol=0, rtol=0)
+    torch.testing.assert_close(silu_mask(pre, mask), naive_silu_mask(pre, mask), atol=0, rtol=0)
+    torch.testing.assert_close(SiluMask(mask)(pre), naive_silu_mask(pre, mask), atol=0, rtol=0)
     grad = torch.randn(2, 6, 3, dtype=torch.float64)
-    (wanted,) = torch.autograd.grad(masked_silu(pre, mask), pre, grad)
+    (wanted,) = torch.autograd.grad(naive_silu_mask(pre, mask), pre, grad)
     torch.testing.assert_close(SiluMask(mask).backward(grad.clone(), pre.detach()), wanted, atol=1e-15, rtol=0)
 
 
@@ -47,8 +47,8 @@ def test_activated_input_is_silu_then_mask(recompute, masked):
     def convolve_mapped(a, k):
         return fft_convolve(a, k, 18, lag0=0, recompute=recompute, input_map=SiluMask(mask))
 
-    activated = masked_silu(x, mask)
-    torch.testing.assert_close(convolve_mapped(x, taps), direct_convolution(activated, taps, 0), atol=1e-12, rtol=0)
+    activated = naive_silu_mask(x, mask)
+    torch.testing.assert_close(convolve_mapped(x, taps), naive_direct_convolve(activated, taps, 0), atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(convolve_mapped, (x, taps))
 
 

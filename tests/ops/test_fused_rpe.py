@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modeling_tnn.naive import rpe_mlp
+from modeling_tnn.naive import naive_fused_rpe
 from modeling_tnn.ops_fused_rpe import fused_rpe
 from modeling_tnn.rpe import Rpe
 
@@ -92,7 +92,7 @@ def test_fused_rpe_op_is_the_plain_mlp_with_exact_gradients(with_scale):
                                                torch.randn(out_in[0], dtype=torch.float64, requires_grad=True))]
 
     def plain(*values):
-        return rpe_mlp(positions, list(values[0::2]), list(values[1::2]), 1e-8, scale)
+        return naive_fused_rpe(positions, list(values[0::2]), list(values[1::2]), 1e-8, scale)
 
     def fused(*values):
         return fused_rpe(positions, scale, 1e-8, *values)

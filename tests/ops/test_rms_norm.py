@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from modeling_tnn.naive import simple_rms_norm as reference
+from modeling_tnn.naive import naive_rms_norm as reference
 from modeling_tnn.rpe import SimpleRMSNorm
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling_tnn.naive import band_plus_low_rank, masked_silu
+from modeling_tnn.naive import naive_silu_mask, naive_sparse_plus_low_rank
 from modeling_tnn.ops_fused_gating import SiluMask
 from modeling_tnn.ops_ski import (_band_weight_grad, _band_weight_grad_by_offset, inducing_toeplitz,
                                   interpolation_weights, sparse_plus_low_rank)
@@ -40,7 +40,7 @@ def test_ski_band_gradients(batch, n, kernel_size):
     x = torch.randn(batch, n, 3, dtype=torch.float64, requires_grad=True)
     band = torch.randn(3, kernel_size, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(sparse_plus_low_rank, (x, band), fast_mode=True)
-    torch.testing.assert_close(sparse_plus_low_rank(x, band), band_plus_low_rank(x, band), atol=1e-12, rtol=0)
+    torch.testing.assert_close(sparse_plus_low_rank(x, band), naive_sparse_plus_low_rank(x, band), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize(("batch", "n", "kernel_size"), [(3, 40, 5), (2, 3, 7), (1, 200, 17)])
@@ -56,8 +56,8 @@ def test_ski_band_weight_gradient_by_offset_equals_the_blocked_loop(batch, n, ke
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("mapped", [False, True])
 def test_operator_is_the_plain_band_plus_low_rank_with_exact_gradients(shared, mapped):
-    """Values and gradients (input, band, K_r) of the fused function against naive.band_plus_low_rank, with one K_r
-    for the batch or one per row, on the input or on an input map (silu * mask) applied inside."""
+    """Values and gradients (input, band, K_r) of the fused function against naive.naive_sparse_plus_low_rank, with
+    one K_r for the batch or one per row, on the input or on an input map (silu * mask) applied inside."""
     x = torch.randn(2, 11, 3, dtype=torch.float64, requires_grad=True)
     band = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     weights = interpolation_weights(torch.tensor([11, 8]), 11, 4, torch.float64)
@@ -69,7 +69,7 @@ def test_operator_is_the_plain_band_plus_low_rank_with_exact_gradients(shared, m
         return sparse_plus_low_rank(a, k, weights, t, input_map)
 
     def plain(a, k, t):
-        return band_plus_low_rank(masked_silu(a, mask) if mapped else a, k, weights, t)
+        return naive_sparse_plus_low_rank(naive_silu_mask(a, mask) if mapped else a, k, weights, t)
 
     torch.testing.assert_close(fused(x, band, toeplitz), plain(x, band, toeplitz), atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(fused, (x, band, toeplitz), fast_mode=True)

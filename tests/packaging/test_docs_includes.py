@@ -4,6 +4,7 @@ script refuses the markers and paths it cannot honour instead of keeping an old 
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from tests.support import PROJECT_ROOT
 
 SCRIPT = PROJECT_ROOT / "run_scripts" / "render_docs.py"
+RENDERER = PROJECT_ROOT / "modeling_tnn" / "recipes" / "docs" / "includes.py"
 
 
 def render(root: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -93,3 +95,17 @@ def test_included_headings_move_under_the_page(tmp_path):
     text = (tmp_path / "README.md").read_text()
     assert "\n#### decoding\n\n##### batch 1\n\n```bash\n# a comment\n```\n" in text
     assert render(tmp_path, "--check").returncode == 0
+
+
+def test_the_renderer_needs_only_the_standard_library():
+    """render_docs.py loads the renderer from its file, before anything is installed: neither imports a module
+    outside the standard library (``modeling_tnn`` included, whose import needs torch)."""
+    for path in (SCRIPT, RENDERER):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path.name} imports relatively: {ast.unparse(node)}"
+                imported.add(node.module.split(".")[0])
+        assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, (path.name, imported)

@@ -241,4 +241,4 @@ def test_progress_lines_are_logged_at_info(tmp_path, caplog):
     run("clm", TINY + ["--max_train_steps", "2", "--checkpointing_steps", "2", "--output_dir", str(tmp_path)])
     messages = {record.name: record.getMessage() for record in caplog.records if record.levelno == logging.INFO}
     assert "parameters" in messages["modeling_tnn.recipes.pretraining.setup"]
-    assert messages["modeling_tnn.recipes.pretraining.training"].startswith("Saved checkpoint")
+    assert messages["modeling_tnn.recipes.pretraining.loop"].startswith("Saved checkpoint")

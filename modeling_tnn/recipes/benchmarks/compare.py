@@ -1,12 +1,12 @@
 """A/B of two commits: the same benchmark, run against the model code of each, rounds interleaved between them.
 
 Each commit is checked out into a temporary git worktree. One worker process per commit runs with
-``PYTHONPATH=<that worktree>:<a copy of this benchmarks package>``, so both sides run this tree's benchmark code
-against their own model code (the benchmark code takes only the public model API, present in both). Each worker
-builds its workloads and warms them up once; then the controller asks the two for one round at a time, alternating
-which goes first, so that the load of a shared machine hits both alike (the idle worker waits on its input). The
-result: each variant's median on either side, the ratio of medians B / A and the quartiles of the per-round paired
-ratios, in one folder (results.json, table.md, ab.png) written by the harness.
+``PYTHONPATH=<that worktree>:<a copy of this benchmarks package and of common>``, so both sides run this tree's
+benchmark code against their own model code (the benchmark code takes only the public model API, present in both).
+Each worker builds its workloads and warms them up once; then the controller asks the two for one round at a time,
+alternating which goes first, so that the load of a shared machine hits both alike (the idle worker waits on its
+input). The result: each variant's median on either side, the ratio of medians B / A and the quartiles of the
+per-round paired ratios, in one folder (results.json, table.md, ab.png) written by the harness.
 
     python run_scripts/bench_compare.py --base 797cb14 --head HEAD --benchmarks small_gpt_step,decode_256
     python run_scripts/bench_compare.py --list
@@ -45,7 +45,10 @@ from .harness import (
 )
 
 SCRIPT = "run_scripts/bench_compare.py"
-WORKER_PACKAGE = "tnn_benchmarks"  # the name this package's copy takes on the workers' path
+# The workers' copy of the recipes' groups the benchmark code runs on: benchmarks, and common (the timing loop),
+# under this package name on their path.
+WORKER_PACKAGE = "tnn_recipes"
+WORKER_GROUPS = ("benchmarks", "common")
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,8 @@ class Worker:
 
     def __init__(self, tree: Path, library: Path, name: str):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(library)]))
-        self.process = subprocess.Popen([sys.executable, "-m", f"{WORKER_PACKAGE}.compare", "--worker", name],
+        module = f"{WORKER_PACKAGE}.benchmarks.compare"
+        self.process = subprocess.Popen([sys.executable, "-m", module, "--worker", name],
                                         cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def read(self) -> dict:
@@ -225,8 +229,9 @@ def plot(runs: list[dict], path: Path) -> None:
     rows = [(f"{run['benchmark']}: {variant}", row) for run in runs for variant, row in run["variants"].items()]
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.5))
     for y, (_, row) in enumerate(rows):
-        ax.errorbar(row["ratio"], y, xerr=[[row["ratio"] - row["paired_ratio_q1"]],
-                                           [row["paired_ratio_q3"] - row["ratio"]]], fmt="o", capsize=3)
+        # The paired quartiles as their own bar: on a noisy run the ratio of medians can fall outside them.
+        ax.hlines(y, row["paired_ratio_q1"], row["paired_ratio_q3"], color="tab:blue")
+        ax.plot(row["ratio"], y, "o", color="tab:blue")
     ax.axvline(1.0, color="grey", linestyle=":")
     ax.axvspan(0.95, 1.05, color="grey", alpha=0.15)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
@@ -271,8 +276,10 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_compare_") as tmp:
         library = Path(tmp) / "library"
-        shutil.copytree(Path(__file__).resolve().parent, library / WORKER_PACKAGE,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        for group in WORKER_GROUPS:
+            shutil.copytree(Path(__file__).resolve().parents[1] / group, library / WORKER_PACKAGE / group,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        (library / WORKER_PACKAGE / "__init__.py").write_text("")
         trees = (Path(tmp) / "a", Path(tmp) / "b")
         try:
             checkout(repo, base, trees[0])

@@ -78,6 +78,9 @@ PLAN = (
     # A decode step's parts (the weights' read, TNN's state, the rest) on the scale ladder's models (about 4 minutes).
     Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M"),
          ("--rungs", "tiny-32", "--context", "64", "--rounds", "2")),
+    # Prefill against the plain forward and Llama, chunked against one shot, 32,768 tokens (6M and 48.7M; about
+    # 15 minutes).
+    Step("bench_prefill", "run_scripts/bench_prefill.py", (), ("--quick",)),
     Step("bench_compact_fit", "run_scripts/bench_compact_fit.py", ("--runs", "3"), ("--runs", "1")),
     Step("bench_fd_compression", "run_scripts/bench_fd_compression.py", (), ()),
     Step("bench_packing", "run_scripts/bench_packing.py", (), ("--rounds", "1", "--batch_size", "8", "--hidden_size",

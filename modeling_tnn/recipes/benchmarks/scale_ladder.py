@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,10 +53,10 @@ from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from .generation import cache_bytes, kv_cache
-from .harness import CLOCK, command_line, interleaved, set_threads, time_once, workload
+from .harness import CLOCK, command_line, env_with_package, interleaved, set_threads, time_once, workload
 from .reference_models import baseline_model, count_parameters, matched_mlp_width
+from .scale_ladder_rungs import QUICK_RUNGS, RUNGS, Rung
 from .scale_ladder_training import train, training_parts
-from .training import _env_with_package
 
 SCRIPT = "run_scripts/bench_scale_ladder.py"
 HEAD_DIM = 64
@@ -66,31 +65,6 @@ SHORT_PREFILL = 16  # tokens of the prefill that gives a fixed-shape state its f
 PARTS = ("fit", "prefill", "decode", "training")
 
 
-@dataclass(frozen=True)
-class Rung:
-    """One size of the ladder: a TNN preset with overrides, the tokens of one training step, and rows dropped on
-    purpose (``{row key: reason}``; keys ``"train <n>"``, ``"prefill"``, ``"decode <model> <batch> <context>"``)."""
-
-    name: str
-    preset: str
-    overrides: dict = field(default_factory=dict)
-    tokens: int = 4096
-    drops: dict = field(default_factory=dict)
-
-
-# Tokens per training step: the training benchmark's 8,192 at 6M (batch 16 at n = 512, 4 at 2,048), 2,048 at 48.7M
-# and 125M (batch 4 and 1), one sequence at 350M (a step of 2,048 tokens there takes about a minute on one thread).
-RUNGS = {rung.name: rung for rung in (
-    Rung("6M", "small", dict(hidden_size=256, num_hidden_layers=4), tokens=8192),
-    Rung("48.7M", "wikitext103_lm", tokens=2048),
-    Rung("125M", "wikitext103_lm", dict(hidden_size=768, num_hidden_layers=12), tokens=2048),
-    Rung("350M", "wikitext103_lm", dict(hidden_size=1024, num_hidden_layers=24), tokens=512),
-)}
-QUICK_RUNGS = {rung.name: rung for rung in (
-    Rung("tiny-32", "tiny", dict(vocab_size=256), tokens=2048),
-    Rung("tiny-64", "tiny", dict(hidden_size=64, num_hidden_layers=3, vocab_size=256), tokens=2048,
-         drops={"train 2048": "an example of a row dropped on purpose (--quick)"}),
-)}
 # Toy sizes at the lengths the targets name: every table cell and target is filled, in seconds.
 QUICK = dict(prefill_length=256, rounds=1)
 
@@ -347,7 +321,7 @@ def run_rung(args, rung: Rung, argv: list[str]) -> dict | str:
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / "rung.json"
         command = [sys.executable, "-m", __spec__.name, *argv, "--rung_worker", f"{rung.name}:{output}"]
-        done = subprocess.run(command, env=_env_with_package())
+        done = subprocess.run(command, env=env_with_package())
         if done.returncode != 0:
             return f"its process failed (exit {done.returncode}; -9: killed, e.g. out of memory)"
         return json.loads(output.read_text())

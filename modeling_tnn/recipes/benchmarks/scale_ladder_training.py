@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AttentionInterface
 
-from .harness import interleaved, workload
-from .training import _status_kb
+from .harness import interleaved, status_kb, workload
 
 if TYPE_CHECKING:
-    from .scale_ladder import Rung
+    from .scale_ladder_rungs import Rung
 
 FREE_MIXER = "free_mixer"  # the attention-interface name of the zero-cost attention
 
@@ -35,7 +34,7 @@ def peak_reset() -> int | None:
     gc.collect()
     try:
         Path("/proc/self/clear_refs").write_text("5")
-        return _status_kb("VmRSS")
+        return status_kb("VmRSS")
     except (OSError, RuntimeError):
         return None
 
@@ -82,7 +81,7 @@ def train(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
                 primed.add(id(model))
             baseline = peak_reset()  # the warm-up step, measured for its peak
             forward_backward(), update()
-            peaks[name] = None if baseline is None else (_status_kb("VmHWM") - baseline) / 1024
+            peaks[name] = None if baseline is None else (status_kb("VmHWM") - baseline) / 1024
             work[name] = workload(forward_backward, update, names=("forward_backward", "optimizer"), before=select)
         timings = interleaved(work, rounds=args.rounds, warmup=0, progress=f"{rung.name} training n={n}")
         for name, timing in timings.items():

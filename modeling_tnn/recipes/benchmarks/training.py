@@ -26,20 +26,19 @@ weight decay 0.1 on 2-D weights, for every model; TNN with ``glu_expand_ratio=1,
 against transformers' GPT-2 (sdpa) and a minimal GPT as such recipes write it (``reference_models.MinimalGpt``),
 both at the recipe's own size: 4 heads, a 4x MLP).
 
-Timing, the machine record and the output folder (``results.json``, ``table.md``, ``training.png``) are the
-harness's (:mod:`.harness`); the baselines and parameter matching are :mod:`.reference_models`'.
+This module measures; the jobs, models and steps are :mod:`.training_models`', the tables and figures
+:mod:`.training_report`'s. Timing, the machine record and the output folder (``results.json``, ``table.md``,
+``training.png``) are the harness's (:mod:`.harness`); the baselines and parameter matching are
+:mod:`.reference_models`'.
 
     python run_scripts/bench_training.py --families causal --output_dir results/bench_training/causal
     python run_scripts/bench_training.py --suite lra --output_dir results/bench_lra_speed
     python run_scripts/bench_training.py --suite small_gpt --output_dir results/bench_training/small_gpt
 """
 
-from __future__ import annotations
-
 import argparse
 import gc
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -47,41 +46,34 @@ from pathlib import Path
 
 import torch
 
-from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, TnnForSequenceClassification, load_preset
-
 from .harness import (
     CLOCK,
     Timing,
     Workload,
     command_line,
+    env_with_package,
     interleaved,
-    pyplot,
-    save_figure,
     set_threads,
+    status_kb,
     time_once,
     workload,
     write_report,
 )
 from .op_count import aten_events
 from .policies import accelerator_like_policy
-from .reference_models import (
-    POSITION_TABLES,
-    MinimalGpt,
-    baseline_model,
-    count_parameters,
-    matched_mlp_width,
+from .training_models import (
+    SMALL_GPT,
+    SUITES,
+    batch_for,
+    build_job,
+    jobs_of,
+    make_step,
+    parameter_counts,
+    vocab_of,
 )
+from .training_report import ops_table, plot, plot_ops, render
 
 SCRIPT = "run_scripts/bench_training.py"
-SUITES = {
-    "lm": {"causal": ["tnn-dense", "tnn-fd", "gpt2", "llama"], "masked": ["tnn-dense", "tnn-fd", "tnn-ski", "bert"]},
-    "lra": {"classify": ["tnn-dense", "tnn-fd", "tnn-ski", "bert"]},
-    "small_gpt": {"causal": ["tnn-dense", "tnn-fd", "gpt2", "mingpt"]},
-}
-# The small-GPT recipe: its sizes, and the TNN options that bring TNN to about its parameter count.
-SMALL_GPT = dict(hidden_size=128, num_hidden_layers=4, vocab_size=65, block=64, batch=12, heads=4)
-SMALL_GPT_TNN = dict(glu_expand_ratio=1, rpe_dim=32, rpe_layers=3)
-MATCH_TOLERANCE = 0.035
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -139,132 +131,6 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def batch_for(args: argparse.Namespace, n: int) -> int:
-    return max(1, args.tokens // n)
-
-
-# -- models ------------------------------------------------------------------------------------------------------
-
-
-def tnn_config(args: argparse.Namespace, family: str, mixer: str):
-    overrides = dict(token_mixer=mixer, dropout=0.0, causal=family == "causal")
-    if args.suite == "small_gpt":
-        overrides.update(SMALL_GPT_TNN, num_hidden_layers=SMALL_GPT["num_hidden_layers"],
-                         vocab_size=SMALL_GPT["vocab_size"])
-    if args.hidden_size:
-        overrides["hidden_size"] = args.hidden_size
-    if family == "classify":
-        overrides["num_labels"] = 10
-    return load_preset(args.preset, **overrides)
-
-
-def baseline_sizes(tnn, width: int, max_n: int, head_dim: int, kind: str) -> dict:
-    """:func:`.reference_models.baseline_config`'s sizes for a baseline of the TNN config ``tnn``'s width, depth and
-    vocabulary with an MLP of ``width``: GPT-2's position table of ``max_n`` rows, Llama's rotary range of at least
-    2048, BERT's table of max(2048, n) rows (the LRA baseline's 2048, longer where n needs it)."""
-    positions = max_n if kind == "gpt2" else max(max_n, 2048)
-    return dict(vocab_size=tnn.vocab_size, hidden_size=tnn.hidden_size, layers=tnn.num_hidden_layers,
-                mlp_width=width, head_dim=head_dim, positions=positions,
-                num_labels=tnn.num_labels if kind == "bert" else None,
-                # GPT-2's own 50256 is off this vocabulary: the TNN's special tokens instead.
-                bos_token_id=tnn.bos_token_id if kind == "gpt2" else None,
-                eos_token_id=tnn.eos_token_id if kind == "gpt2" else None)
-
-
-TNN_CLASSES = {"causal": TnnForCausalLM, "masked": TnnForMaskedLM, "classify": TnnForSequenceClassification}
-
-
-def matched_width(kind: str, family: str, tnn, target: int, max_n: int, head_dim: int) -> int:
-    """The baseline MLP width whose parameter count (position tables left out) is closest to ``target``."""
-    sizes = baseline_sizes(tnn, 0, max_n, head_dim, kind)
-    del sizes["mlp_width"]
-    return matched_mlp_width(kind, family, target, **sizes)
-
-
-def build(args: argparse.Namespace, family: str, name: str, max_n: int) -> torch.nn.Module:
-    torch.manual_seed(args.seed)
-    if name.startswith("tnn-"):
-        model = TNN_CLASSES[family](tnn_config(args, family, name[4:]))
-    elif args.suite == "small_gpt":  # the recipe's own sizes, not matched to TNN
-        tnn = tnn_config(args, family, "dense")
-        if name == "mingpt":
-            model = MinimalGpt(tnn.vocab_size, max_n, tnn.hidden_size, tnn.num_hidden_layers, SMALL_GPT["heads"])
-        else:
-            model = baseline_model(name, family, **baseline_sizes(tnn, 4 * tnn.hidden_size, max_n, args.head_dim,
-                                                                  name))
-    else:
-        tnn = tnn_config(args, family, "dense")
-        with torch.device("meta"):
-            target = count_parameters(TNN_CLASSES[family](tnn))
-        width = matched_width(name, family, tnn, target, max_n, args.head_dim)
-        model = baseline_model(name, family, **baseline_sizes(tnn, width, max_n, args.head_dim, name))
-    return model.train()
-
-
-def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW; in the small-GPT suite as that recipe sets it, for every model: betas (0.9, 0.99), weight decay 0.1
-    on the 2-D weights only."""
-    if args.suite != "small_gpt":
-        return torch.optim.AdamW(model.parameters(), lr=1e-4)
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
-              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
-    return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
-
-
-def make_step(args: argparse.Namespace, model: torch.nn.Module, family: str, n: int, batch: int, vocab: int,
-              seed: int, split: bool = False):
-    """A closure running one training step: forward with the loss, backward, AdamW step, gradients dropped. With
-    ``split`` it returns two closures instead: forward + backward, and the optimizer's step + zero_grad."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (batch, n), generator=generator)
-    if family == "causal":
-        labels = ids
-    elif family == "masked":
-        labels = torch.full_like(ids, -100)
-        chosen = torch.rand(batch, n, generator=generator) < 0.15
-        labels[chosen] = ids[chosen]
-    else:
-        labels = torch.randint(0, 10, (batch,), generator=generator)
-    optimizer = make_optimizer(args, model)
-
-    def forward_backward():
-        loss = model(input_ids=ids, labels=labels, use_cache=False).loss if family == "causal" else \
-            model(input_ids=ids, labels=labels).loss
-        loss.backward()
-
-    def update():
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    if split:
-        return forward_backward, update
-
-    def step():
-        forward_backward()
-        update()
-    return step
-
-
-def jobs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
-    jobs = [(f, m) for f in args.families for m in SUITES[args.suite][f] if args.models is None or m in args.models]
-    return jobs + [(f, m + COMPILED) for f, m in jobs] if args.compile else jobs
-
-
-COMPILED = "+compile"
-
-
-def build_job(args: argparse.Namespace, family: str, name: str, max_n: int) -> torch.nn.Module:
-    """The model of a job: ``name`` built, compiled (inductor) when it ends with ``+compile``."""
-    if name.endswith(COMPILED):
-        return torch.compile(build(args, family, name.removesuffix(COMPILED), max_n))
-    return build(args, family, name, max_n)
-
-
-def vocab_of(model: torch.nn.Module) -> int:
-    return getattr(model, "_orig_mod", model).config.vocab_size
-
-
 # -- throughput ----------------------------------------------------------------------------------------------------
 
 
@@ -302,12 +168,6 @@ def throughput(args: argparse.Namespace) -> tuple[list[dict], dict]:
 # -- peak memory ---------------------------------------------------------------------------------------------------
 
 
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
 
 def memory_worker(args: argparse.Namespace) -> None:
     family, name, n, batch = args.memory_worker.split(":")
@@ -315,27 +175,17 @@ def memory_worker(args: argparse.Namespace) -> None:
     model = build_job(args, family, name, max(n, max(args.memory_lengths + args.lengths)))
     step = make_step(args, model, family, n, batch, vocab_of(model), args.seed)
     gc.collect()
-    baseline = _status_kb("VmRSS")
+    baseline = status_kb("VmRSS")
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
         method = "VmHWM after clear_refs"
     except OSError:
         method = "ru_maxrss"
     _, seconds = time_once(step)
-    peak = _status_kb("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = status_kb("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps(dict(family=family, model=name, n=n, batch=batch, baseline_mb=baseline / 1024,
                           peak_mb=peak / 1024, step_peak_mb=(peak - baseline) / 1024, step_s=seconds,
                           method=method)))
-
-
-def _env_with_package() -> dict[str, str]:
-    """This process's environment with the folder holding this package first on PYTHONPATH (and the model code's
-    tree after it), so that ``python -m`` of this module finds the same code in a subprocess."""
-    top = sys.modules[__spec__.name.split(".")[0]]
-    from .harness import source_tree
-
-    paths = [str(Path(top.__file__).resolve().parents[1]), str(source_tree()), os.environ.get("PYTHONPATH", "")]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(p for p in paths if p)))
 
 
 def memory(args: argparse.Namespace, argv: list[str]) -> list[dict]:
@@ -344,7 +194,7 @@ def memory(args: argparse.Namespace, argv: list[str]) -> list[dict]:
         for family, name in jobs_of(args):
             spec = f"{family}:{name}:{n}:{batch_for(args, n)}"
             command = [sys.executable, "-m", __spec__.name, *argv, "--memory_worker", spec]
-            result = subprocess.run(command, capture_output=True, text=True, env=_env_with_package())
+            result = subprocess.run(command, capture_output=True, text=True, env=env_with_package())
             if result.returncode != 0:
                 print(f"memory {spec} failed (rc {result.returncode}): {result.stderr[-400:]}", flush=True)
                 rows.append(dict(family=family, model=name, n=n, batch=batch_for(args, n), failed=result.returncode))
@@ -418,169 +268,10 @@ def count_ops(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def plot_ops(rows: list[dict], path: Path) -> None:
-    """Bars of the forward + backward operator counts (this machine's path and the accelerator's) per job."""
-    plt = pyplot()
-
-    labels = [f"{r['family']} {r['model']} n={r['n']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(rows) + 2), 4))
-    positions = range(len(rows))
-    ax.bar([i - 0.2 for i in positions], [r["forward_backward"] for r in rows], width=0.4, label="this CPU's path")
-    ax.bar([i + 0.2 for i in positions], [r["forward_backward_one_chunk"] for r in rows], width=0.4,
-           label="one channel chunk (as an accelerator)")
-    ax.set_xticks(list(positions), labels, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("aten events, forward + backward")
-    ax.legend(fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    save_figure(fig, path)
-
-
-def ops_table(rows: list[dict]) -> str:
-    lines = ["| family | model | n | batch | aten ops fwd + bwd | same, one channel chunk (as off CPU) | optimizer | "
-             "parameter tensors | most frequent |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        top = ", ".join(f"{k.removeprefix('aten::')} {v}" for k, v in list(r["top"].items())[:6])
-        lines.append(f"| {r['family']} | {r['model']} | {r['n']} | {r['batch']} | {r['forward_backward']:,} | "
-                     f"{r['forward_backward_one_chunk']:,} | {r['optimizer']:,} | {r['parameter_tensors']} | {top} |")
-    return "\n".join(lines) + "\n"
-
-
-# -- report --------------------------------------------------------------------------------------------------------
-
-RATIOS = {
-    "lm": [("causal", "tnn-dense", "llama"), ("causal", "tnn-fd", "llama"), ("causal", "tnn-dense", "gpt2"),
-           ("causal", "tnn-fd", "gpt2"), ("causal", "tnn-fd", "tnn-dense"), ("masked", "tnn-ski", "bert"),
-           ("masked", "tnn-dense", "bert"), ("masked", "tnn-fd", "bert"), ("masked", "tnn-ski", "tnn-dense"),
-           ("masked", "tnn-fd", "tnn-dense")],
-    "small_gpt": [("causal", "tnn-dense", "gpt2"), ("causal", "tnn-fd", "gpt2"), ("causal", "tnn-dense", "mingpt"),
-                  ("causal", "tnn-fd", "mingpt"), ("causal", "tnn-fd", "tnn-dense")],
-    "lra": [("classify", "tnn-dense", "bert"), ("classify", "tnn-fd", "bert"), ("classify", "tnn-ski", "bert"),
-            ("classify", "tnn-fd", "tnn-dense"), ("classify", "tnn-ski", "tnn-dense")],
-}
-
-
-def ratios(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """The suite's ratios; with ``--compile`` also compiled against compiled and each model compiled against eager."""
-    pairs = list(RATIOS[args.suite])
-    if args.compile:
-        pairs += [(f, a + COMPILED, b + COMPILED) for f, a, b in RATIOS[args.suite]]
-        pairs += [(f, m + COMPILED, m) for f, m in dict.fromkeys((f, m) for f, m in jobs_of(args)
-                                                                  if not m.endswith(COMPILED))]
-    return pairs
-
-
-def model_rows(counts, lengths: list[int], rows: list[dict], cell) -> list[str]:
-    """Table rows ``| family | model | cell(n) ... |``: one per job, one cell per length (— where not measured)."""
-    lines = []
-    for family, name in counts:
-        cells = []
-        for n in lengths:
-            row = next((r for r in rows if (r["family"], r["model"], r["n"]) == (family, name, n)), None)
-            cells.append("—" if row is None else cell(row))
-        lines.append(f"| {family} | {name} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def render(args, counts, speed, peaks) -> str:
-    lines = [f"Suite {args.suite}, preset {args.preset}" + (f", hidden {args.hidden_size}" if args.hidden_size else "")
-             + f", one torch thread, tokens per step {args.tokens} (batch = max(1, {args.tokens} // n)), "
-             f"median of {args.rounds} interleaved rounds.", "", "Parameters (position tables not counted):", ""]
-    for (family, name), (total, ratio) in counts.items():
-        lines.append(f"- {family} {name}: {total:,} ({ratio:+.2%} vs TNN dense)")
-    lengths = sorted({r["n"] for r in speed})
-    if speed:
-        lines += ["", "Training steps per second (tokens/s in brackets):", "",
-                  "| family | model | " + " | ".join(f"n={n}" for n in lengths) + " |",
-                  "|---|---|" + "---|" * len(lengths)]
-        lines += model_rows(counts, lengths, speed, lambda r: f"{1 / r['median_s']:.3f} ({r['tokens_per_s']:.0f})")
-        lines += ["", "Where a step's time goes (median ms: forward with the loss + backward, and the optimizer's step "
-                  "+ zero_grad, timed separately within each step; spread: the steps' interquartile range over "
-                  "their median):", "",
-                  "| family | model | n | step | forward + backward | optimizer | spread |", "|---|---|---|---|---|---|---|"]
-        for row in speed:
-            lines.append(f"| {row['family']} | {row['model']} | {row['n']} | {row['median_s'] * 1e3:.1f} | "
-                         f"{row['forward_backward_median_s'] * 1e3:.1f} | {row['optimizer_median_s'] * 1e3:.1f} | "
-                         f"{row['spread']:.1%} |")
-        lines += ["", "Speed ratios (a / b = time of b over time of a):", "",
-                  "| ratio | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
-        for family, a, b in ratios(args):
-            cells = []
-            for n in lengths:
-                ta = next((r["median_s"] for r in speed if (r["family"], r["model"], r["n"]) == (family, a, n)), None)
-                tb = next((r["median_s"] for r in speed if (r["family"], r["model"], r["n"]) == (family, b, n)), None)
-                cells.append("—" if ta is None or tb is None else f"{tb / ta:.2f}x")
-            if any(c != "—" for c in cells):
-                lines.append(f"| {family} {a} / {b} | " + " | ".join(cells) + " |")
-    if peaks:
-        mem_lengths = sorted({r["n"] for r in peaks})
-        lines += ["", f"Peak memory of one training step, MB over the process's resident set after building model, "
-                  f"optimizer and batch ({peaks[0].get('method', '')}; fresh process each):", "",
-                  "| family | model | " + " | ".join(f"n={n}" for n in mem_lengths) + " |",
-                  "|---|---|" + "---|" * len(mem_lengths)]
-        lines += model_rows(counts, mem_lengths, peaks,
-                            lambda r: "failed" if "failed" in r else f"{r['step_peak_mb']:.0f}")
-    return "\n".join(lines) + "\n"
-
-
-REFERENCE = {"causal": "llama", "masked": "bert", "classify": "bert"}
-
-
-def plot(args, speed, peaks, path: Path) -> None:
-    plt = pyplot()
-
-    panels = [(f, "speed") for f in args.families if any(r["family"] == f for r in speed)]
-    panels += [(f, "memory") for f in args.families if any(r["family"] == f and "failed" not in r for r in peaks)]
-    if not panels:
-        return
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (family, what) in zip(axes[0], panels):
-        rows = [r for r in (speed if what == "speed" else peaks) if r["family"] == family and "failed" not in r]
-        # Speed as a ratio to the family's attention baseline, measured within the same interleaved rounds (the
-        # absolute rate follows the load of a shared machine from one length to the next; the ratio does not).
-        reference = "gpt2" if args.suite == "small_gpt" else REFERENCE[family]
-        base = {r["n"]: r["median_s"] for r in rows if r["model"] == reference} if what == "speed" else {}
-        relative = bool(base)  # without the baseline in the run: absolute tokens/s
-        for name in dict.fromkeys(r["model"] for r in rows):
-            mine = sorted((r for r in rows if r["model"] == name and (not relative or r["n"] in base)),
-                          key=lambda r: r["n"])
-            values = [(base[r["n"]] / r["median_s"] if relative else r["tokens_per_s"]) if what == "speed"
-                      else r["step_peak_mb"] for r in mine]
-            ax.plot([r["n"] for r in mine], values, marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length n")
-        speed_label = f"training speed / {reference}'s" if relative else "training tokens / s"
-        ax.set_ylabel(speed_label if what == "speed" else "peak MB of one step")
-        ax.set_title(f"{family}: {'speed' if what == 'speed' else 'peak memory'}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"Training step (fwd + bwd + AdamW), one thread, {args.tokens} tokens per step")
-    save_figure(fig, path, dpi=120)
-
-
 def settings_of(args: argparse.Namespace) -> dict:
     """The run's settings as results.json records them."""
     return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
             if key not in ("memory_worker", "replot")}
-
-
-def parameter_counts(args: argparse.Namespace) -> dict[tuple[str, str], tuple[int, float]]:
-    """Per job: its parameter count (position tables left out) and its difference to TNN dense, built on meta."""
-    max_n = max(args.lengths + args.memory_lengths)
-    counts = {}
-    for family, name in jobs_of(args):
-        base = name.removesuffix(COMPILED)
-        with torch.device("meta"):
-            tnn_total = count_parameters(TNN_CLASSES[family](tnn_config(args, family, "dense")))
-            if base.startswith("tnn-"):
-                total = count_parameters(TNN_CLASSES[family](tnn_config(args, family, base[4:])))
-            else:
-                total = count_parameters(build(args, family, base, max_n), POSITION_TABLES)
-        counts[family, name] = (total, total / tnn_total - 1)
-        print(f"{family} {name}: {total:,} parameters ({total / tnn_total - 1:+.2%})", flush=True)
-        if abs(total / tnn_total - 1) > MATCH_TOLERANCE and args.suite != "small_gpt":
-            print(f"  warning: {name} is not within {MATCH_TOLERANCE:.1%} of TNN dense", flush=True)
-    return counts
 
 
 def main(argv: list[str] | None = None) -> None:

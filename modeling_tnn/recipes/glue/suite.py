@@ -94,15 +94,18 @@ def markdown_table(tasks: list[str], rows: dict[str, dict[str, dict | None]]) ->
     return "\n".join(lines)
 
 
-def run_one(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> float:
-    """Run one finetuning process with its output in ``log_path``; returns the wall time in seconds."""
+def run_one(command: list[str], log_path: Path, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> float:
+    """Run one process (a finetuning run, or the comparison recipe's pretraining) with its output in ``log_path``;
+    returns the wall time in seconds. A failure raises RuntimeError naming the program, with the log's tail."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with log_path.open("w") as log:
-        process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     if process.returncode != 0:
+        program = command[2] if command[1] == "-m" else Path(command[1]).name
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"finetune_glue.py failed (exit {process.returncode}); log {log_path}:\n{tail}")
+        raise RuntimeError(f"{program} failed (exit {process.returncode}); log {log_path}:\n{tail}")
     return time.time() - start
 
 

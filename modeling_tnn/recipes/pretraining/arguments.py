@@ -19,7 +19,7 @@ from transformers import (
 
 from modeling_tnn import list_presets
 
-from ..common.argument_groups import add_dataclass_arguments, flag, from_namespace
+from ..common.argument_groups import add_dataclass_arguments, flag, from_namespace, to_argv
 from ..common.flag_checks import UsageError, check_local_path, name_list
 from ..common.run_files import METRICS_FILE, RESULTS_FILE, TOKENIZER_FILES
 from ..hub.folder import require_token, validate_repo_id
@@ -248,6 +248,27 @@ class PretrainingArguments:
     sampling: SamplingArguments | None = None  # train_clm.py only
     resume_path: Path | None = None  # the checkpoint --resume_from_checkpoint names, set by check()
 
+    @classmethod
+    def with_defaults(cls, task: str, **groups: Any) -> PretrainingArguments:
+        """The arguments of ``task`` with the given ``groups`` (by attribute name) and every other group at its
+        defaults: what :func:`parse_args` gives for the flags of those groups (see :meth:`argv`), built in code. A
+        run group without ``output_dir`` writes where the script would."""
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
+        names = [name for name, _, tasks in ARGUMENT_GROUPS if task in tasks]
+        unknown = sorted(set(groups) - set(names))
+        if unknown:
+            raise ValueError(f"train_{task} has no argument group(s) {unknown}; its groups are {names}.")
+        chosen = {name: groups.get(name) or group() for name, group, tasks in ARGUMENT_GROUPS if task in tasks}
+        if chosen["run"].output_dir is None:
+            chosen["run"] = dataclasses.replace(chosen["run"], output_dir=default_output_dir(task))
+        return cls(task=task, **chosen)
+
+    def argv(self) -> list[str]:
+        """The command line of ``train_<task>.py`` that parses into these arguments (flags at their defaults
+        left out)."""
+        return [item for group in self.groups() for item in to_argv(group)]
+
     def groups(self) -> list[Any]:
         """The argument groups this task has, in --help order."""
         return [getattr(self, name) for name, _, tasks in ARGUMENT_GROUPS if self.task in tasks]
@@ -280,8 +301,13 @@ def build_parser(task: str) -> argparse.ArgumentParser:
     for _, cls, tasks in ARGUMENT_GROUPS:
         if task in tasks:
             add_dataclass_arguments(parser.add_argument_group(cls.title) if cls.title else parser, cls)
-    parser.set_defaults(output_dir=f"outputs/train_{task}")
+    parser.set_defaults(output_dir=default_output_dir(task))
     return parser
+
+
+def default_output_dir(task: str) -> str:
+    """Where ``train_<task>.py`` writes without --output_dir."""
+    return f"outputs/train_{task}"
 
 
 def parse_args(task: str, argv: list[str] | None = None) -> PretrainingArguments:

@@ -10,7 +10,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from ..benchmarks.harness import interleaved, workload
+from ..common.timing import interleaved, workload
 
 
 @torch.no_grad()
@@ -39,8 +39,8 @@ def time_generation(model: torch.nn.Module, contexts: Sequence[int], new_tokens:
       cache=out.cache)`` per token (``past_key_values=`` on transformers 5.23);
     * no cache: ``model(input_ids=sequence_so_far, use_cache=False)`` per token, the sequence growing by one.
 
-    The contexts are random token ids (the time does not depend on the text). The measurements are the benchmark
-    harness's interleaved rounds (each round times one token of every kind at every length, so that a burst of load
+    The contexts are random token ids (the time does not depend on the text). The measurements are the timing
+    loop's interleaved rounds (each round times one token of every kind at every length, so that a burst of load
     on a shared machine spreads over all of them), after one untimed round. Returns ``[{"context": n, "cached_ms":
     ..., "no_cache_ms": ..., "speedup": ...}, ...]``."""
     from modeling_tnn.modeling_tnn import CACHE_FIELD  # "cache" on transformers 5.24, "past_key_values" on 5.23

@@ -1,5 +1,7 @@
 """Everything before the first training step of ``train_clm.py`` / ``train_mlm.py``: flags checked, data, tokenizer,
-model, optimizer, schedule and Accelerate prepared, a checkpoint verified and restored."""
+model, optimizer, schedule and Accelerate prepared, a checkpoint verified and restored. The parsed flags
+(:class:`~.arguments.PretrainingArguments`) stop here: the loop and the finish get a :class:`~.session.Session`
+holding their :class:`~.session.Schedule` and :class:`~.session.FinishSpec`."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,14 @@ from modeling_tnn import list_presets, load_preset
 
 from ..common.flag_checks import UsageError, first_line, hub_hint, name_list
 from ..common.run_files import METRICS_FILE, TRAINER_STATE
-from .arguments import DEFAULT_CONFIG, ModelArguments, PretrainingArguments, parse_config_overrides
+from ..hub.run_inspection import DatasetRef
+from .arguments import (
+    DEFAULT_CONFIG,
+    ModelArguments,
+    PretrainingArguments,
+    SamplingArguments,
+    parse_config_overrides,
+)
 from .checkpoints import (
     checkpoint_differences,
     clear_previous_run,
@@ -37,6 +45,7 @@ from .checkpoints import (
     tokenizer_fingerprint,
 )
 from .data import (
+    DataTrainingArguments,
     EpochShuffleSampler,
     is_text_feature,
     load_raw_datasets,
@@ -46,6 +55,7 @@ from .data import (
     train_tokenizer,
 )
 from .evaluation import InputBuilder, position_limit
+from .session import FinishSpec, Schedule, Session
 from .sharding import fsdp_plugin, fsdp_requested, prepare_sharded, refuse_ignored_deepspeed
 from .tracking import MetricsLog, available_trackers, silence_tied_weight_warning
 
@@ -119,23 +129,21 @@ def build_model(model_args: ModelArguments, task: str, config, tokenizer: PreTra
         raise UsageError(f"--config_name/--config_overrides: {error}") from None
 
 
-def get_tokenizer(args: PretrainingArguments, raw: DatasetDict, accelerator: Accelerator,
-                  text_column: str) -> PreTrainedTokenizerBase:
+def get_tokenizer(model: ModelArguments, task: str, resume_path: Path | None, output_dir: str, raw: DatasetDict,
+                  accelerator: Accelerator, text_column: str) -> PreTrainedTokenizerBase:
     """The tokenizer: --tokenizer_name, the resumed checkpoint's, --model_name_or_path's, or a byte-level BPE trained
     on the training split (saved in --output_dir). A causal LM's pads on the left, transformers' decoder-only
     convention, so that the folder it is saved in serves a batched ``generate(**tokenizer(prompts, padding=True))``
     (right padding would put pad tokens between a prompt and its continuation); training packs blocks, no padding."""
-    model = args.model
     tokenizer = None
-    for source, flag in ((model.tokenizer_name, "--tokenizer_name"), (args.resume_path, "--resume_from_checkpoint"),
+    for source, flag in ((model.tokenizer_name, "--tokenizer_name"), (resume_path, "--resume_from_checkpoint"),
                          (model.model_name_or_path, "--model_name_or_path")):
         if source:
             tokenizer = load_tokenizer(str(source), flag, model.trust_remote_code)
             break
     if tokenizer is None:
-        tokenizer = train_tokenizer(raw, text_column, model.vocab_size, args.task == "mlm", args.run.output_dir,
-                                    accelerator)
-    if args.task == "clm":  # init_kwargs is what save_pretrained writes to tokenizer_config.json
+        tokenizer = train_tokenizer(raw, text_column, model.vocab_size, task == "mlm", output_dir, accelerator)
+    if task == "clm":  # init_kwargs is what save_pretrained writes to tokenizer_config.json
         tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"
     return tokenizer
 
@@ -145,43 +153,6 @@ def optimizer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-@dataclass
-class Session:
-    """Everything :func:`setup` prepared for :func:`train`."""
-
-    args: PretrainingArguments
-    accelerator: Accelerator
-    model: torch.nn.Module
-    tokenizer: PreTrainedTokenizerBase
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    train_dataloader: DataLoader
-    eval_dataloader: DataLoader
-    build_inputs: InputBuilder
-    metrics: MetricsLog
-    eval_stream: torch.Tensor | None
-    max_train_steps: int
-    steps_per_epoch: int
-    num_train_epochs: int
-    train_blocks: int
-    completed_steps: int = 0
-    tokens_seen: int = 0
-    fingerprint: dict[str, Any] = field(default_factory=dict)  # model config and tokenizer, see run_fingerprint
-    sharded: bool = False  # --fsdp: the model is an FSDP2 module (see sharding.prepare_sharded)
-
-
-@dataclass
-class RunOutcome:
-    """What :func:`run` returns: ``results`` (as written to all_results.json), the trained (unwrapped) model, the
-    tokenizer, and the validation token stream when --eval_lengths was given."""
-
-    results: dict[str, Any]
-    model: torch.nn.Module
-    tokenizer: PreTrainedTokenizerBase
-    eval_stream: torch.Tensor | None = None
-    samples: list[str] = field(default_factory=list)
 
 
 def _reset_single_process_state() -> None:
@@ -243,7 +214,7 @@ def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | Non
     if text_column not in raw["validation"].column_names or not is_text_feature(
             raw["validation"].features[text_column]):
         text_column_of(raw["validation"], text_column, data_args.source("validation"))  # raises, naming the file
-    tokenizer = get_tokenizer(args, raw, accelerator, text_column)
+    tokenizer = get_tokenizer(args.model, task, args.resume_path, out.output_dir, raw, accelerator, text_column)
     data, stream = tokenize_and_group(data_args, raw, tokenizer, accelerator, text_column,
                                       block_size=loop.block_size, masked=task == "mlm",
                                       eval_lengths=out.eval_length_list)
@@ -291,33 +262,54 @@ def setup(args: PretrainingArguments, task: str, raw_datasets: DatasetDict | Non
         hparams = {k: v for k, v in {**args.flags(), "task": task}.items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(f"train_{task}", config=hparams)
 
+    schedule = Schedule(max_train_steps=max_train_steps, steps_per_epoch=steps_per_epoch,
+                        num_train_epochs=num_train_epochs,
+                        gradient_accumulation_steps=loop.gradient_accumulation_steps,
+                        max_grad_norm=loop.max_grad_norm, logging_steps=out.logging_steps, eval_steps=out.eval_steps,
+                        checkpoint_every=out.checkpoint_every,
+                        checkpoint_each_epoch=out.checkpointing_steps == "epoch",
+                        checkpoints_total_limit=out.checkpoints_total_limit, output_dir=output_dir, seed=loop.seed)
+    sampling = args.sampling or SamplingArguments()  # train_mlm.py has no sampling flags: none asked for
+    finish = FinishSpec(output_dir=output_dir, block_size=loop.block_size,
+                        eval_batch_size=loop.per_device_eval_batch_size, seed=loop.seed,
+                        eval_lengths=out.eval_length_list, sample_prompts=list(sampling.sample_prompt or []),
+                        sample_max_new_tokens=sampling.sample_max_new_tokens,
+                        time_generation=sampling.time_generation_list,
+                        hub_repo_id=out.hub_repo_id() if out.push_to_hub else None,
+                        dataset=dataset_ref(data_args) if out.push_to_hub else None)
+    # The data layout a checkpoint records and a resumed run must repeat.
+    geometry = {"train_blocks": len(data["train"]), "block_size": loop.block_size,
+                "per_device_train_batch_size": loop.per_device_train_batch_size,
+                "gradient_accumulation_steps": loop.gradient_accumulation_steps,
+                "num_processes": accelerator.num_processes, "seed": loop.seed, "fsdp": sharded}
     masking = args.masking.mlm_probability if args.masking is not None else None
-    session = Session(args=args, accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer,
+    session = Session(task=task, accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer,
                       scheduler=scheduler, train_dataloader=train_dataloader, eval_dataloader=eval_dataloader,
                       build_inputs=InputBuilder(task, tokenizer, masking),
                       metrics=MetricsLog(accelerator, output_dir, bool(trackers)), eval_stream=stream,
-                      max_train_steps=max_train_steps, steps_per_epoch=steps_per_epoch,
-                      num_train_epochs=num_train_epochs, train_blocks=len(data["train"]),
+                      schedule=schedule, finish=finish,
                       fingerprint={"model_config": model_fingerprint(accelerator.unwrap_model(model)),
-                                   "tokenizer": tokenizer_fingerprint(tokenizer)}, sharded=sharded)
+                                   "tokenizer": tokenizer_fingerprint(tokenizer)},
+                      geometry=geometry, sharded=sharded)
     if args.resume_path:
         _restore(session, Path(args.resume_path))
     return session
 
 
-def run_geometry(session: Session) -> dict[str, int]:
-    loop = session.args.training
-    return {"train_blocks": session.train_blocks, "block_size": loop.block_size,
-            "per_device_train_batch_size": loop.per_device_train_batch_size,
-            "gradient_accumulation_steps": loop.gradient_accumulation_steps,
-            "num_processes": session.accelerator.num_processes, "seed": loop.seed, "fsdp": session.sharded}
+def dataset_ref(data: DataTrainingArguments) -> DatasetRef:
+    """The evaluation data as the model card names it."""
+    if data.dataset_name:
+        return DatasetRef(hub_id=data.dataset_name, name=data.dataset_name, config=data.dataset_config_name,
+                          split="validation")
+    name = Path(data.train_file).name if data.train_file else "CPython pydoc topics (embedded corpus)"
+    return DatasetRef(name=name, split="validation")
 
 
 def _restore(session: Session, path: Path) -> None:
     """Check that the checkpoint belongs to this run (model config, tokenizer, data geometry), then load it.
     Raises :class:`UsageError` naming every differing field, before anything is loaded."""
     state = json.loads((path / TRAINER_STATE).read_text())
-    differences = checkpoint_differences(state, {**session.fingerprint, "geometry": run_geometry(session)})
+    differences = checkpoint_differences(state, {**session.fingerprint, "geometry": session.geometry})
     if differences:
         raise UsageError(f"--resume_from_checkpoint {str(path)!r} was written by another run (checkpoint -> this "
                          f"run): {'; '.join(differences)}. Resume with that run's flags, or start a new run with "

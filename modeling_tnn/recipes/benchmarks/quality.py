@@ -1,7 +1,8 @@
 """Quality comparison: TNN (dense and fd token mixers) against GPT-2 at matched parameter count.
 
-Every model trains through ``train_clm``'s code path (``recipes.pretraining.training.run``) with the same tokenizer, tokens, steps,
-batch, learning-rate schedule and seed; only ``--config_name``/``--config_overrides`` differ. GPT-2 is transformers'
+Every model trains through ``train_clm``'s code path (``recipes.pretraining.training.run``, given the arguments
+object :func:`training_arguments` builds) with the same tokenizer, tokens, steps, batch, learning-rate schedule and
+seed; only the model group (``--config_name``/``--config_overrides``) differs. GPT-2 is transformers'
 ``GPT2LMHeadModel`` with its width chosen to match TNN dense's parameter count and its position table sized to the
 training length, as a user would train it.
 
@@ -34,13 +35,14 @@ from typing import Any
 
 import torch
 
-from ..benchmarks.harness import command_line, interleaved, machine, pyplot, save_figure, source_state, workload
-from ..benchmarks.reference_models import closest_size, count_parameters
 from ..common.data_location import find_data_dir
 from ..common.run_files import METRICS_FILE
-from .arguments import parse_args
-from .evaluation import evaluate_lengths
-from .training import run
+from ..pretraining.arguments import ModelArguments, PretrainingArguments, RunArguments, TrainingLoopArguments
+from ..pretraining.data import DataTrainingArguments
+from ..pretraining.evaluation import evaluate_lengths
+from ..pretraining.training import run
+from .harness import command_line, interleaved, machine, pyplot, save_figure, source_state, workload
+from .reference_models import closest_size, count_parameters
 
 DATASETS = ("tinyshakespeare", "wikitext2")
 MODELS = ("tnn_dense", "tnn_fd", "gpt2")
@@ -146,79 +148,95 @@ def measure_throughput(builders: dict[str, Any], batch_size: int, block_size: in
     return out
 
 
-def bench_dataset(name: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+def model_arguments(model_name: str, settings: argparse.Namespace, work: Path) -> ModelArguments:
+    """The model group of one compared model: the small TNN preset at the width and depth asked for, dropout off,
+    with its token mixer, or the parameter-matched GPT-2 config written into ``work``; all read ``work``'s
+    tokenizer."""
+    tokenizer = str(work / "tokenizer")
+    if model_name == "gpt2":
+        return ModelArguments(config_name=str(work / "gpt2_config.json"), tokenizer_name=tokenizer)
+    overrides = (f"dropout=0.0,hidden_size={settings.hidden_size},num_hidden_layers={settings.layers},"
+                 f"token_mixer={model_name.removeprefix('tnn_')}")
+    return ModelArguments(config_name="small", config_overrides=overrides, tokenizer_name=tokenizer)
+
+
+def training_arguments(settings: argparse.Namespace, model: ModelArguments, output_dir: Path) -> PretrainingArguments:
+    """The ``train_clm`` run of one model: the same sequence length, batch, schedule, steps, evaluation and seed for
+    every model; only ``model`` differs. A rerun retrains from scratch into the same folder (train_clm refuses a
+    used --output_dir without --overwrite_output_dir)."""
+    steps = settings.steps
+    return PretrainingArguments.with_defaults(
+        "clm", model=model,
+        data=DataTrainingArguments(max_eval_samples=settings.max_eval_tokens // settings.block_size),
+        training=TrainingLoopArguments(block_size=settings.block_size, per_device_train_batch_size=settings.batch_size,
+                                       per_device_eval_batch_size=8, learning_rate=settings.learning_rate,
+                                       weight_decay=0.01, lr_scheduler_type="cosine",
+                                       num_warmup_steps=max(1, steps // 10), max_train_steps=steps,
+                                       seed=settings.seed),
+        run=RunArguments(output_dir=str(output_dir), overwrite_output_dir=True, eval_steps=steps,
+                         logging_steps=max(1, steps // 30), report_to="none"))
+
+
+def bench_dataset(name: str, settings: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Train and evaluate every model on one dataset; returns its JSON section."""
     from datasets import Dataset, DatasetDict
 
     from modeling_tnn import TnnForCausalLM, load_preset
-    from .tokenizer import train_byte_level_bpe
+    from ..pretraining.tokenizer import train_byte_level_bpe
 
     train_text, valid_text, description = load_texts(name, folder)
     raw = DatasetDict({"train": Dataset.from_dict({"text": rows(train_text)}),
                        "validation": Dataset.from_dict({"text": rows(valid_text)})})
-    work = Path(args.work_dir) / name
+    work = Path(settings.work_dir) / name
     work.mkdir(parents=True, exist_ok=True)
-    vocab_size = 261 if name == "tinyshakespeare" else args.wikitext_vocab_size
+    vocab_size = 261 if name == "tinyshakespeare" else settings.wikitext_vocab_size
     tokenizer = train_byte_level_bpe(raw["train"]["text"], vocab_size=vocab_size)
     tokenizer.save_pretrained(work / "tokenizer")
     stream = torch.tensor([i for text in raw["validation"]["text"] for i in tokenizer(text).input_ids])
     vocab = len(tokenizer)
 
-    tnn_overrides = f"dropout=0.0,hidden_size={args.hidden_size},num_hidden_layers={args.layers}"
-    tnn_params = TnnForCausalLM(load_preset("small", vocab_size=vocab, dropout=0.0, hidden_size=args.hidden_size,
-                                            num_hidden_layers=args.layers)).num_parameters()
-    gpt2_config, gpt2_params = gpt2_matching(tnn_params, vocab, args.block_size, args.layers)
+    tnn_params = TnnForCausalLM(load_preset("small", vocab_size=vocab, dropout=0.0,
+                                            hidden_size=settings.hidden_size,
+                                            num_hidden_layers=settings.layers)).num_parameters()
+    gpt2_config, gpt2_params = gpt2_matching(tnn_params, vocab, settings.block_size, settings.layers)
     (work / "gpt2_config.json").write_text(json.dumps(gpt2_config, indent=2))
-    configs = {
-        "tnn_dense": ["--config_name", "small", "--config_overrides", tnn_overrides + ",token_mixer=dense"],
-        "tnn_fd": ["--config_name", "small", "--config_overrides", tnn_overrides + ",token_mixer=fd"],
-        "gpt2": ["--config_name", str(work / "gpt2_config.json")],
-    }
-    lengths = [args.block_size * k for k in (1, 2, 4, 8)]
-    # A rerun retrains from scratch into the same folders: say so, as train_clm.py refuses a used --output_dir.
-    common = ["--overwrite_output_dir", "--tokenizer_name", str(work / "tokenizer"),
-              "--block_size", str(args.block_size),
-              "--per_device_train_batch_size", str(args.batch_size), "--per_device_eval_batch_size", "8",
-              "--learning_rate", str(args.learning_rate), "--weight_decay", "0.01", "--lr_scheduler_type", "cosine",
-              "--num_warmup_steps", str(max(1, args.steps // 10)), "--max_train_steps", str(args.steps),
-              "--eval_steps", str(args.steps), "--logging_steps", str(max(1, args.steps // 30)),
-              "--max_eval_samples", str(args.max_eval_tokens // args.block_size), "--seed", str(args.seed),
-              "--report_to", "none"]
+    lengths = [settings.block_size * k for k in (1, 2, 4, 8)]
     section: dict[str, Any] = {"description": description, "vocab_size": vocab, "train_characters": len(train_text),
                                "validation_tokens_total": len(stream), "lengths": lengths, "models": {}}
-    for model_name in args.models:
+    for model_name in settings.models:
         print(f"\n=== {name}: {model_name} ===", flush=True)
         output_dir = work / model_name
-        argv = common + configs[model_name] + ["--output_dir", str(output_dir)]
-        outcome = run(parse_args("clm", argv), "clm", raw_datasets=raw)
+        arguments = training_arguments(settings, model_arguments(model_name, settings, work), output_dir)
+        outcome = run(arguments, "clm", raw_datasets=raw)
         model = outcome.model.eval()
         entry = {key: outcome.results[key] for key in ("eval_loss", "perplexity", "train_loss", "train_runtime",
                                                        "train_tokens", "train_tokens_per_second", "num_parameters")}
-        entry["argv"] = argv
+        entry["argv"] = arguments.argv()  # the train_clm.py flags of this run
         entry["train_curve"] = read_curve(output_dir)
         eval_start = time.time()
-        sliding = evaluate_lengths(model, stream, lengths, window=args.block_size, batch_size=8,
-                                      max_tokens=args.max_eval_tokens)
+        sliding = evaluate_lengths(model, stream, lengths, window=settings.block_size, batch_size=8,
+                                      max_tokens=settings.max_eval_tokens)
         entry["sliding"] = {str(k): v for k, v in sliding.items()}
         if model_name != "gpt2":  # GPT-2's position table stops at the training length
-            full = evaluate_lengths(model, stream, lengths, batch_size=8, max_tokens=args.max_eval_tokens)
+            full = evaluate_lengths(model, stream, lengths, batch_size=8, max_tokens=settings.max_eval_tokens)
             entry["full"] = {str(k): v for k, v in full.items()}
         entry["eval_lengths_seconds"] = time.time() - eval_start
         section["models"][model_name] = entry
     section["gpt2_config"] = gpt2_config
     section["parameters"] = {"tnn": tnn_params, "gpt2": gpt2_params}
-    if args.throughput_rounds:
+    if settings.throughput_rounds:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        tnn = {"vocab_size": vocab, "dropout": 0.0, "hidden_size": args.hidden_size, "num_hidden_layers": args.layers}
+        tnn = {"vocab_size": vocab, "dropout": 0.0, "hidden_size": settings.hidden_size,
+               "num_hidden_layers": settings.layers}
         builders = {
             "tnn_dense": lambda: TnnForCausalLM(load_preset("small", token_mixer="dense", **tnn)),
             "tnn_fd": lambda: TnnForCausalLM(load_preset("small", token_mixer="fd", **tnn)),
             "gpt2": lambda: GPT2LMHeadModel(GPT2Config(**{k: v for k, v in gpt2_config.items() if k != "model_type"})),
         }
-        print(f"\n=== {name}: throughput, {args.throughput_rounds} interleaved rounds ===", flush=True)
-        section["throughput"] = measure_throughput({m: builders[m] for m in args.models}, args.batch_size,
-                                                   args.block_size, vocab, args.throughput_rounds)
+        print(f"\n=== {name}: throughput, {settings.throughput_rounds} interleaved rounds ===", flush=True)
+        section["throughput"] = measure_throughput({m: builders[m] for m in settings.models}, settings.batch_size,
+                                                   settings.block_size, vocab, settings.throughput_rounds)
     return section
 
 
@@ -303,7 +321,9 @@ def plot(section: dict[str, Any], path: Path, title: str) -> None:
     save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse_settings(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's own flags (``--datasets`` and ``--models`` as lists); an unknown dataset or model is a usage
+    error."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated, from {DATASETS}")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {MODELS}")
@@ -323,28 +343,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/quality", help="where quality.json and the PNGs go")
     parser.add_argument("--work_dir", default="outputs/bench_quality", help="model folders (not committed)")
-    args = parser.parse_args(argv)
-    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for value, allowed, flag in ((args.datasets, DATASETS, "--datasets"), (args.models, MODELS, "--models")):
+    settings = parser.parse_args(argv)
+    settings.datasets = [d.strip() for d in settings.datasets.split(",") if d.strip()]
+    settings.models = [m.strip() for m in settings.models.split(",") if m.strip()]
+    for value, allowed, flag in ((settings.datasets, DATASETS, "--datasets"), (settings.models, MODELS, "--models")):
         bad = sorted(set(value) - set(allowed))
         if bad:
             parser.error(f"{flag}: unknown {bad}; choose from {allowed}")
-    torch.set_num_threads(args.threads)
+    return settings
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    settings = parse_settings(argv)
+    torch.set_num_threads(settings.threads)
     folder = data_dir()
-    out = Path(args.out)
+    out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     command = command_line("run_scripts/bench_quality.py", argv)
     report: dict[str, Any] = {
         "command": command,
         "source": source_state(),
-        "environment": {**machine(), "threads": args.threads},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work_dir")},
+        "environment": {**machine(), "threads": settings.threads},
+        "settings": {k: v for k, v in vars(settings).items() if k not in ("out", "work_dir")},
         "datasets": {},
     }
     start = time.time()
-    for name in args.datasets:
-        section = bench_dataset(name, args, folder)
+    for name in settings.datasets:
+        section = bench_dataset(name, settings, folder)
         section["models_eval_tokens"] = next((e["sliding"][str(section["lengths"][0])]["tokens"]
                                               for e in section["models"].values() if "sliding" in e), 0)
         section["targets"] = targets(section)
