@@ -1,10 +1,11 @@
-"""The vLLM side of the serving benchmark (:mod:`~modeling_tnn.serving.benchmark`), run in vLLM's venv:
+"""The vLLM side of the serving benchmark (:mod:`~modeling_tnn.recipes.benchmarks.serving`), run in vLLM's venv:
 ``python -m modeling_tnn.serving.bench_engine spec.json out.json``. One ``LLM`` per model folder, alive together, so
 that the cells (concurrency x prompt length) run interleaved across the models and repeated; each cell submits its
 requests at once and times them to the last token. Prefix caching is off for both (the cells reuse the same
 prompts, so a cached Llama would skip most of its prefill; vLLM has none for recurrent models). Writes, per model,
 each cell's wall times, output tokens per second and median time to first token, and the number of requests of
-2,048 tokens the engine's state or KV budget holds."""
+2,048 tokens the engine's state or KV budget holds. It reads the clock itself: the recipes' harness cannot be
+imported in vLLM's venv (no train extra)."""
 
 import json
 import statistics

@@ -4,8 +4,9 @@ vLLM on this CPU, and TNN in vLLM against TNN in transformers' ``generate`` with
 Both models are the scale ladder's smallest rung at a 2,048-token vocabulary (``small`` at width 256, 4 layers,
 against a Llama of 256 x 4, heads of 64, the MLP width that matches the parameter count, tied embeddings), at their
 initial weights (speed does not depend on them; every request generates all its tokens). The TNN ships its decoding
-plan. The vLLM side (:mod:`~modeling_tnn.serving.bench_engine`) runs in vLLM's venv; this module builds the folders,
-times ``generate`` and writes ``results/bench_serving``. Output tokens per second count every generated token over
+plan. The vLLM side (:mod:`~modeling_tnn.serving.bench_engine`) runs in vLLM's venv (``make vllm-install``), where
+the recipes cannot be imported; this module builds the folders, times ``generate`` and writes
+``results/bench_serving``. Not a step of ``make bench``: it needs vLLM's venv and about 20 minutes. Output tokens per second count every generated token over
 the wall time from submitting the requests to the last token, prefill included.
 """
 
@@ -17,13 +18,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from ..recipes.benchmarks.harness import command_line, set_threads, write_report
-from ..recipes.benchmarks.scale_ladder import Rung, build_pair
+from .harness import CLOCK, command_line, set_threads, time_once, write_report
+from .scale_ladder import build_pair
+from .scale_ladder_rungs import Rung
 
 VLLM_PYTHON = Path(".venv-vllm") / "bin" / "python"
 RUNG = Rung("6M", "small", dict(hidden_size=256, num_hidden_layers=4, vocab_size=2048), tokens=2048)
@@ -76,9 +77,8 @@ def time_generate(model: torch.nn.Module, prompts: list[list[int]], cell: tuple[
     concurrency, length = cell
     ids = torch.tensor([p[:length] for p in prompts[:concurrency]])
     with torch.no_grad():
-        started = time.perf_counter()
-        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-        return time.perf_counter() - started
+        return time_once(lambda: model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                do_sample=False))[1]
 
 
 def table(engine: dict, static: dict, counts: dict[str, int], args) -> str:
@@ -113,7 +113,7 @@ def table(engine: dict, static: dict, counts: dict[str, int], args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    started = time.perf_counter()
+    started = CLOCK()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     folders, tnn, counts = build_folders(work)
