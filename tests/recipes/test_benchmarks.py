@@ -232,10 +232,12 @@ def test_compact_fit_trains_briefly_on_bytes_and_leaves_the_model_in_eval(tmp_pa
 def test_make_bench_covers_every_benchmark_script_into_distinct_folders():
     scripts = {path.name for path in (PROJECT_ROOT / "run_scripts").glob("bench_*.py")}
     # bench_all runs the plan, bench_compare needs two commits, bench_quality is a training run with its own command,
-    # bench_scale_ladder (about 40 minutes) has its own target, make bench-ladder
+    # bench_scale_ladder (about 40 minutes) has its own target, make bench-ladder; bench_serving (about 20 minutes)
+    # needs vLLM's venv (make vllm-install)
     assert {step.script.split("/")[-1] for step in plan.PLAN} == scripts - {"bench_all.py", "bench_compare.py",
                                                                              "bench_quality.py",
-                                                                             "bench_scale_ladder.py"}
+                                                                             "bench_scale_ladder.py",
+                                                                             "bench_serving.py"}
     assert len(set(plan.STEP_NAMES)) == len(plan.PLAN)
     assert all(name.startswith("bench_") for name in plan.STEP_NAMES)
     for step in plan.PLAN:
@@ -259,11 +261,13 @@ def test_benchmark_scripts_are_entry_points_into_the_package():
 def test_only_the_harness_reads_the_clock():
     """Every timing goes through the harness's timing loop: the monotonic clock is read in common/timing.py alone,
     besides the ListOps commands' wall time of a whole run (the data generation, the test evaluation), which times no
-    benchmark."""
+    benchmark, and the serving benchmark's vLLM side, which runs in vLLM's venv where the recipes cannot be
+    imported."""
     readers = {str(path.relative_to(PROJECT_ROOT)) for folder in ("modeling_tnn", "run_scripts")
                for path in (PROJECT_ROOT / folder).rglob("*.py")
                if re.search(r"\bperf_counter\b", path.read_text())}
-    assert readers == {"modeling_tnn/recipes/common/timing.py", "modeling_tnn/recipes/listops/commands.py"}
+    assert readers == {"modeling_tnn/recipes/common/timing.py", "modeling_tnn/recipes/listops/commands.py",
+                       "modeling_tnn/serving/bench_engine.py"}
 
 
 @pytest.mark.slow
