@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -20,9 +19,11 @@ import torch
 SMALLEST_SHARED_GROUP = 8
 
 
-class PoleGroups(NamedTuple):
+@dataclass
+class PoleGroups:
     """Channels that share a pole set: ``order`` (c,) lists each group's channels in turn (``sizes`` of them), then
-    the channels with poles of their own; ``rank`` (c,) is its inverse permutation."""
+    the channels with poles of their own; ``rank`` (c,) is its inverse permutation. A plain (not frozen, not tuple)
+    object: transformers' exporter rebuilds a decoding cache by assigning the attributes of everything in it."""
 
     order: torch.Tensor
     rank: torch.Tensor
