@@ -91,6 +91,11 @@ def _runs(groups: PoleGroups, channels: int) -> list[tuple[int, int, bool]]:
     return runs
 
 
+# A shared group of at least this fraction of a layer's channels runs its product over every channel and keeps its
+# own rows: gathering a large part of the inputs' last dimension costs more than the product's few extra rows.
+FULL_PRODUCT_SHARE = 0.25
+
+
 def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor,
                 groups: PoleGroups | None = None) -> torch.Tensor:
     """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c): the modes of a prompt,
@@ -100,25 +105,40 @@ def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tenso
         return residues.new_zeros(b, c, residues.shape[1])
     if groups is None or not groups.sizes:
         return channel_modal_state(inputs, poles, residues)
-    inputs = inputs.index_select(2, groups.order)
-    poles, residues = poles.index_select(0, groups.order), residues.index_select(0, groups.order)
-    parts = [shared_modal_state(inputs[..., a:a + n], poles[a], residues[a:a + n]) if shared
-             else channel_modal_state(inputs[..., a:a + n], poles[a:a + n], residues[a:a + n])
-             for a, n, shared in _runs(groups, c)]
-    return torch.cat(parts, dim=1).index_select(1, groups.rank)
+    state = residues.new_empty(b, c, residues.shape[1])
+    for a, n, shared in _runs(groups, c):
+        channels = groups.order[a:a + n]
+        if shared:
+            whole = n >= FULL_PRODUCT_SHARE * c
+            block = shared_modal_state(inputs if whole else inputs.index_select(2, channels),
+                                       poles.index_select(0, channels[:1])[0], residues.new_ones(()))
+            rows = block.index_select(1, channels) if whole else block
+            state.index_copy_(1, channels, residues.index_select(0, channels) * rows)
+        else:
+            state.index_copy_(1, channels, channel_modal_state(inputs.index_select(2, channels),
+                                                               poles.index_select(0, channels),
+                                                               residues.index_select(0, channels)))
+    return state
 
 
 def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int,
                        groups: PoleGroups | None = None) -> torch.Tensor:
     """What the modes (b, c, r) contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps,
-    c), each group of channels that shares its poles in one matrix product."""
+    c), each group of channels that shares its poles in one matrix product (over every channel, the other channels'
+    modes zero: no scatter along the outputs' last dimension)."""
     if groups is None or not groups.sizes:
         return channel_contribution(state, poles, steps)
-    state, poles = state.index_select(1, groups.order), poles.index_select(0, groups.order)
-    parts = [shared_contribution(state[:, a:a + n], poles[a], steps) if shared
-             else channel_contribution(state[:, a:a + n], poles[a:a + n], steps)
-             for a, n, shared in _runs(groups, poles.shape[0])]
-    return torch.cat(parts, dim=2).index_select(2, groups.rank)
+    b, c, _ = state.shape
+    out = state.real.new_zeros(b, steps, c)
+    for a, n, shared in _runs(groups, c):
+        channels = groups.order[a:a + n]
+        if shared:
+            only = torch.zeros_like(state).index_copy_(1, channels, state.index_select(1, channels))
+            out += shared_contribution(only, poles.index_select(0, channels[:1])[0], steps)
+        else:
+            out.index_add_(2, channels, channel_contribution(state.index_select(1, channels),
+                                                             poles.index_select(0, channels), steps))
+    return out
 
 
 def compact_prefill(v: torch.Tensor, positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
