@@ -56,14 +56,14 @@ def channel_modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: tor
     return residues * (within * across[:, None]).sum(2).permute(1, 0, 2)
 
 
-def shared_modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
-    """The same for channels that share the poles (r,): one matrix product (b, s, T) @ (T, 2r) with the powers
-    ``z**(T-1-i)`` (real and imaginary parts side by side)."""
+def shared_mode_sums(inputs: torch.Tensor, poles: torch.Tensor) -> torch.Tensor:
+    """``sum_i z**(T-1-i) inputs_i`` (b, s, r) complex64 for channels that share the poles (r,), before their
+    residues: one matrix product (b, s, T) @ (T, 2r) with the powers (real and imaginary parts side by side)."""
     modes = poles.shape[0]
     powers = pole_power_range(poles, 0, inputs.shape[1]).flip(0)                             # (T, r)
     with torch.autocast(device_type=inputs.device.type, enabled=False):
         sums = torch.matmul(inputs.to(torch.float32).transpose(1, 2), torch.cat([powers.real, powers.imag], dim=-1))
-    return residues * torch.complex(sums[..., :modes], sums[..., modes:])
+    return torch.complex(sums[..., :modes], sums[..., modes:])
 
 
 def channel_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
@@ -110,8 +110,8 @@ def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tenso
         channels = groups.order[a:a + n]
         if shared:
             whole = n >= FULL_PRODUCT_SHARE * c
-            block = shared_modal_state(inputs if whole else inputs.index_select(2, channels),
-                                       poles.index_select(0, channels[:1])[0], residues.new_ones(()))
+            block = shared_mode_sums(inputs if whole else inputs.index_select(2, channels),
+                                     poles.index_select(0, channels[:1])[0])
             rows = block.index_select(1, channels) if whole else block
             state.index_copy_(1, channels, residues.index_select(0, channels) * rows)
         else:
