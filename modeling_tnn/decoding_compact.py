@@ -1,12 +1,16 @@
 """The compact decoding state of a decaying kernel: a short exact window and its tail as a few complex modes.
 
-A window of the first W lags (b, W, c) and the tail as r complex modes per channel, ``g = z * g + c * v_{t-W}``
-(the input leaving the window enters the modes), with a certified bound of the kernel's relative l1 error
-(:mod:`~modeling_tnn.fit_modal`). The modes are kept as real planes (b, 3, c, r): real part, imaginary part
-and the step's scratch (real arithmetic vectorises where PyTorch's complex kernels on CPU do not); everything is
-allocated at prefill and updated in place. The functions here take and return those two tensors
-(:func:`compact_prefill`, :func:`compact_step`, :func:`compact_chunk`); :class:`CompactState` is the layer's plan
-that calls them with its constants.
+The kernel is exact for the first W lags and, beyond, the tail of r complex modes per channel, ``Re(sum_j c_j
+z_j**(l-W))``, with a certified bound of its relative l1 error (:mod:`~modeling_tnn.fit_modal`). The state keeps the
+latest inputs in a ring of W + K slots, read against those taps, and the older ones as the modes ``g = sum_i c
+z**(F-1-i) v_i`` over the inputs before a frontier F. Every K positions (a fold) the K oldest inputs of the ring enter
+the modes and the modes' contribution to the next K outputs is tabled (the readout rows; the fold's maths:
+:mod:`~modeling_tnn.decoding_fold`): between folds a step writes one slot, reads the ring and adds a readout row, and
+touches no mode. Folds fall at positions that are multiples of K past W (:func:`frontier`), so every row of a batch
+knows from its position alone where it stands. The modes are (b, c, r, 2) real (interleaved real and imaginary parts,
+channels in group order); the readout rows follow the ring in one tensor (b, W + 2K, c). The
+functions here take and return those two tensors (:func:`compact_prefill`, :func:`compact_step`,
+:func:`compact_chunk`); :class:`CompactState` is the layer's plan that calls them with its constants.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .decoding_fold import FoldTables, fold_in, fold_tables, readout_rows, to_channel_order, to_group_order
 from .decoding_poles import pole_power_range, pole_powers
 from .decoding_state import DecodingState, Positions, States
-from .decoding_window import (in_place, reversed_taps, ring_history, ring_slot, slot_read, slot_taps, slot_write,
+from .decoding_window import (in_place, ring_history, ring_order, ring_slot, row_slots, slot_taps, slot_write,
                               window_prefill, window_read)
 
 from .fit_store import PoleGroups
@@ -29,6 +34,10 @@ if TYPE_CHECKING:
 
 # Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
 MODAL_BLOCK = 128
+# Positions between two folds of the ring into the modes: a step between folds reads W + K ring rows and touches no
+# mode (measured at the 48.7M preset, batch 1: see docs/benchmarks.md, bench_decode_floor).
+FOLD_EVERY = 16
+
 def as_complex(planes: torch.Tensor) -> torch.Tensor:
     """Real planes (2, ...) (real part, imaginary part) as one complex tensor."""
     return torch.complex(planes[0], planes[1])
@@ -141,60 +150,111 @@ def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int,
     return out
 
 
-def compact_prefill(v: torch.Tensor, positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
-                    capacity: int, prior: torch.Tensor | None = None, groups: PoleGroups | None = None) -> States:
-    """(window (b, W, c), modes (b, 3, c, r)) after inputs ``v`` (b, n, c) that follow ``positions`` tokens: the last
-    W inputs in the window, the ones before in the modes; ``prior`` (the modes before ``v``, complex (b, c, r)) is
-    decayed over them and added. ``poles``, ``residues``: complex (c, r); ``groups``: channels sharing poles."""
-    n = v.shape[1]
-    keep = min(n, capacity)
-    modes = modal_state(v[:, : n - keep], poles, residues, groups)
+def frontier(seen: int, capacity: int, fold_every: int) -> int:
+    """How many of the first ``seen`` inputs the modes hold: the largest multiple of ``fold_every`` that leaves at
+    least ``capacity`` inputs out (0 before that). Folds happen at the same positions whatever the prompt's length, so
+    a step knows from its position alone whether it folds and which readout row it reads."""
+    return max(0, fold_every * ((seen - capacity) // fold_every))
+
+
+def compact_taps(mixer: TokenMixer, capacity: int, fold_every: int, poles: torch.Tensor, residues: torch.Tensor,
+                 device: torch.device, dtype: torch.dtype, groups: PoleGroups | None = None) -> torch.Tensor:
+    """The ring's reversed taps twice (2 (W + K), c), as :func:`~.decoding_window.reversed_taps`: the exact taps of
+    lags ``0 .. W-1``, then the modal tail's of lags ``W .. W+K-1`` (``Re(sum_j c_j z_j**(l-W))``), the kernel the
+    steps between two folds read the inputs not yet folded against: the same kernel as the modes'."""
+    exact = mixer.causal_taps(capacity, device).detach().to(torch.float32)
+    tables = fold_tables(poles.to(device), residues.to(device), groups, fold_every)
+    tail = readout_rows(to_group_order(residues[None].to(device), tables), tables)[0]
+    taps = torch.cat([exact, tail]).flip(0).to(dtype)
+    return torch.cat([taps, taps]).contiguous()
+
+
+def compact_prefill(v: torch.Tensor, positions: int, plan: CompactState,
+                    prior: tuple[torch.Tensor, int] | None = None) -> States:
+    """The state (window (b, W + 2K, c), modes (b, c, r, 2)) after inputs ``v`` (b, n, c) that follow ``positions``
+    tokens: the inputs from the :func:`frontier` on in the ring (the window's first W + K rows), the ones before in
+    the modes, and the modes' readout rows (the last K). ``prior``: the modes before ``v`` (complex (b, c, r), channel
+    order) and their frontier; ``v`` then holds zeros before that frontier (a ring's history)."""
+    capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
+    poles, residues = as_complex(plan.poles), as_complex(plan.residues)
+    seen = positions + v.shape[1]
+    front = frontier(seen, capacity, fold_every)
+    kept = max(0, front - positions)
+    modes = modal_state(v[:, :kept], poles, residues, plan._groups)
     if prior is not None:
-        modes += prior * pole_powers(poles, n - keep, prior.dtype)
-    return (window_prefill(v, positions, capacity),
-            torch.stack([modes.real, modes.imag, torch.zeros_like(modes.real)], dim=1))
+        modes += prior[0] * pole_powers(poles, front - prior[1], prior[0].dtype)
+    modes = to_group_order(modes, tables)
+    ring = window_prefill(v[:, kept:], positions + kept, capacity + fold_every)
+    return torch.cat([ring, readout_rows(modes, tables).to(ring.dtype)], dim=1), modes
 
 
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
-                 pole_planes: tuple[torch.Tensor, torch.Tensor], residue_planes: tuple[torch.Tensor, torch.Tensor],
-                 taps_twice: torch.Tensor) -> torch.Tensor:
-    """In place: the input leaving each row's window enters its modes, ``v_t`` (b, c) takes its slot; the output is
-    the window read against the exact taps plus the modes' real part. ``pole_planes``, ``residue_planes``: the
-    (real, imaginary) planes (c, r) of the constants."""
-    position = ring_slot(positions, window.shape[1])
-    real, imag, scratch = modes.unbind(1)
-    (pole_re, pole_im), (res_re, res_im) = pole_planes, residue_planes
-    leaving = slot_read(window, position)[..., None]
-    if torch.compiler.is_compiling():  # dynamo takes no non-contiguous out= (the planes of a batch above 1)
-        scratch.copy_(imag).mul_(pole_im)
-    else:
-        torch.mul(imag, pole_im, out=scratch)
-    imag.mul_(pole_re).addcmul_(real, pole_im).addcmul_(leaving, res_im)
-    real.mul_(pole_re).sub_(scratch).addcmul_(leaving, res_re)
-    slot_write(window, position, v_t)
-    return window_read(window, slot_taps(taps_twice, position), window.shape[1]) + real.sum(-1)
+                 plan: CompactState) -> torch.Tensor:
+    """In place: ``v_t`` (b, c) takes its ring slot; every ``K`` positions the K oldest inputs of the ring enter the
+    modes (:func:`frontier`) and the readout rows are renewed; the output is the ring read against the taps plus the
+    readout row of the position. Between folds a step is three operators on (W + K, c) rows: the modes are not
+    touched. Rows at their own positions (a tensor) fold where their position says: every such step computes the
+    fold, and a row that does not fold keeps its state."""
+    capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
+    length = capacity + fold_every
+    ring, readout = window[:, :length], window[:, length:]
+    slot = ring_slot(positions, length)
+    slot_write(ring, slot, v_t)
+    if isinstance(positions, int):
+        phase = (positions + 1 - capacity) % fold_every
+        if phase == 0:
+            slots = ring_order(positions + 1 - capacity, fold_every, length, window.device)
+            fold_in(modes, ring[:, slots], tables)
+            readout.copy_(readout_rows(modes, tables))
+            ring[:, slots] = 0
+        filled = min(positions + 1, length)
+        return window_read(ring, slot_taps(plan.taps_twice, slot), filled) + readout[:, phase]
+    b, _, c = ring.shape
+    phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
+    folds = phase == 0
+    index = row_slots(positions + 1 - capacity - fold_every, fold_every, length).expand(b, fold_every)
+    index = index[..., None].expand(b, fold_every, c)
+    leaving = ring.gather(1, index)
+    folded = modes.clone()
+    fold_in(folded, leaving, tables)
+    modes.copy_(torch.where(folds[:, None, None, None], folded, modes))
+    readout.copy_(torch.where(folds[:, None, None], readout_rows(folded, tables), readout))
+    ring.scatter_(1, index, leaving * ~folds[:, None, None])
+    row = readout.gather(1, phase[:, None, None].expand(b, 1, c))[:, 0]
+    return window_read(ring, slot_taps(plan.taps_twice, slot), length) + row
 
 
 def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
-                  positions: Positions, poles: torch.Tensor, residues: torch.Tensor,
-                  groups: PoleGroups | None = None) -> torch.Tensor:
-    """Several tokens ``v`` (b, n, c) on a filled state, in place: the window and the chunk through the mixer's
-    exact kernel in parallel, plus what the modes contribute; then the state after the chunk."""
-    capacity = window.shape[1]
-    prior = torch.complex(modes[:, 0], modes[:, 1])
-    sequence = torch.cat([ring_history(window, positions).to(v.dtype), v], dim=1)
+                  positions: Positions, plan: CompactState) -> torch.Tensor:
+    """Several tokens ``v`` (b, n, c) on a filled state, in place: the ring's inputs and the chunk through the mixer's
+    exact kernel in parallel, plus what the modes contribute; then the state after the chunk. Rows at their own
+    positions (a tensor) continue one at a time."""
+    if not isinstance(positions, int):
+        rows = positions.expand(v.shape[0]).tolist()  # a multi-token call: a host read per call, not per token
+        return torch.cat([compact_chunk(mixer, window[r:r + 1], modes[r:r + 1], v[r:r + 1], rows[r], plan)
+                          for r in range(v.shape[0])])
+    capacity, fold_every = plan.capacity, plan.fold_every
+    length = capacity + fold_every
+    poles = as_complex(plan.poles)
+    prior = to_channel_order(modes, plan.fold_tables())
+    before = frontier(positions, capacity, fold_every)
+    sequence = torch.cat([ring_history(window[:, :length], positions).to(v.dtype), v], dim=1)
     n = v.shape[1]
-    out = mixer(sequence, None)[:, -n:] + modal_contribution(prior, poles, n, groups).to(v.dtype)
-    in_place((window, modes),
-             compact_prefill(sequence, positions - capacity, poles, residues, capacity, prior, groups))
+    # The modes hold the inputs before the frontier: their powers count from lag W of the last of them.
+    ahead = max(0, positions - capacity - before)
+    contribution = modal_contribution(prior * pole_powers(poles, ahead, prior.dtype), poles, n, plan._groups)
+    out = mixer(sequence, None)[:, -n:] + contribution.to(v.dtype)
+    in_place((window, modes), compact_prefill(sequence, positions - length, plan, (prior, before)))
     return out
 
 
 @dataclasses.dataclass(eq=False)
 class CompactState(DecodingState):
-    """A window of ``capacity`` lags (b, W, c) and ``modes`` complex modes per channel (b, 3, c, r) real planes, the
-    two state tensors; its kernel is within ``error_bound`` (relative l1, the largest channel's) of the exact one.
-    Build it from a fitted tail with :meth:`from_tail`."""
+    """A ring of ``capacity + fold_every`` inputs with the modes' readout rows after it (b, W + 2K, c) and ``modes``
+    complex modes per channel, interleaved real and imaginary parts in group order (b, c, r, 2), the two state
+    tensors; its kernel is within
+    ``error_bound`` (relative l1, the largest channel's) of the exact one. Build it from a fitted tail with
+    :meth:`from_tail`."""
 
     PLAN = "compact"
     CONSTANTS = ("poles", "residues", "taps_twice", "channel_order", "channel_rank")
@@ -202,47 +262,63 @@ class CompactState(DecodingState):
     capacity: int = 0
     modes: int = 0
     error_bound: float = 0.0
+    fold_every: int = 1                         # K: positions between two folds of the ring's oldest inputs
     shared_groups: tuple[int, ...] = ()         # PoleGroups.sizes: channels sharing a pole set, group by group
     poles: torch.Tensor | None = None           # (2, c, r) float32: real and imaginary planes of the poles
     residues: torch.Tensor | None = None        # (2, c, r) float32: the same of their residues
-    taps_twice: torch.Tensor | None = None      # (2 W, c): the window's reversed taps
+    taps_twice: torch.Tensor | None = None      # (2 (W + K), c): compact_taps
     channel_order: torch.Tensor | None = None   # (c,) PoleGroups.order
     channel_rank: torch.Tensor | None = None    # (c,) PoleGroups.rank
 
     def __post_init__(self):
-        # The constants' planes as views, once: unpacking a tensor per step costs an operator per plane.
-        self._planes = None if self.poles is None else (self.poles.unbind(0), self.residues.unbind(0))
+        if not isinstance(self.fold_every, int) or self.fold_every < 1:
+            raise ValueError(f"fold_every must be a positive int, got {self.fold_every!r}.")
         self._groups = (None if self.channel_order is None
                         else PoleGroups(self.channel_order, self.channel_rank, tuple(self.shared_groups)))
+        self._fold = None
+
+    def fold_tables(self) -> FoldTables:
+        """The powers a fold reads (:func:`~.decoding_fold.fold_tables`), built once."""
+        if self._fold is None:
+            self._fold = fold_tables(as_complex(self.poles), as_complex(self.residues), self._groups,
+                                     self.fold_every)
+        return self._fold
 
     @classmethod
-    def from_tail(cls, tail: ModalTail, mixer: TokenMixer, device: torch.device, dtype: torch.dtype) -> CompactState:
-        """The state of a fitted (or loaded) ``tail``: poles and residues as real planes on ``device``, the window's
-        exact taps in ``dtype``."""
+    def from_tail(cls, tail: ModalTail, mixer: TokenMixer, device: torch.device, dtype: torch.dtype,
+                  fold_every: int | None = None) -> CompactState:
+        """The state of a fitted (or loaded) ``tail``: poles and residues as real planes on ``device``, the ring's
+        taps (:func:`compact_taps`) in ``dtype``; folding every ``fold_every`` positions (default
+        :data:`FOLD_EVERY`)."""
+        fold_every = FOLD_EVERY if fold_every is None else fold_every
         def planes(values: torch.Tensor) -> torch.Tensor:
             return torch.stack([values.real, values.imag]).to(device).contiguous()
         groups = tail.pole_groups()
-        return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, shared_groups=groups.sizes,
-                   poles=planes(tail.poles), residues=planes(tail.residues),
-                   taps_twice=reversed_taps(mixer, tail.window, device, dtype),
-                   channel_order=groups.order.to(device), channel_rank=groups.rank.to(device))
+        order, rank = groups.order.to(device), groups.rank.to(device)
+        taps = compact_taps(mixer, tail.window, fold_every, tail.poles, tail.residues, device, dtype,
+                            PoleGroups(order, rank, groups.sizes))
+        return cls(capacity=tail.window, modes=tail.modes, error_bound=tail.max_bound, fold_every=fold_every,
+                   shared_groups=groups.sizes, poles=planes(tail.poles), residues=planes(tail.residues),
+                   taps_twice=taps, channel_order=order, channel_rank=rank)
 
     def describe(self) -> dict:
-        return {**super().describe(), "window": self.capacity, "modes": self.modes, "error_bound": self.error_bound}
+        return {**super().describe(), "window": self.capacity, "modes": self.modes, "error_bound": self.error_bound,
+                "fold_every": self.fold_every}
 
     def state_shapes(self, channels: int) -> tuple[tuple[int, ...], ...]:
-        return (self.capacity, channels), (3, channels, self.modes)
+        return (self.capacity + 2 * self.fold_every, channels), (channels, self.modes, 2)
 
     def prefill(self, mixer: TokenMixer, v: torch.Tensor, positions: Positions = 0) -> States:
-        return compact_prefill(v, positions, as_complex(self.poles), as_complex(self.residues), self.capacity,
-                               groups=self._groups)
+        if not isinstance(positions, int):
+            raise ValueError("a compact prefill starts every row at one position (an int); continue rows at their "
+                             "own positions with chunk")
+        return compact_prefill(v, positions, self)
 
     def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
         window, modes = states
-        return compact_step(window, modes, v_t, positions, *self._planes, self.taps_twice), states
+        return compact_step(window, modes, v_t, positions, self), states
 
     def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,
               positions: Positions) -> tuple[torch.Tensor, States]:
         window, modes = states
-        return compact_chunk(mixer, window, modes, v, positions, as_complex(self.poles), as_complex(self.residues),
-                             self._groups), states
+        return compact_chunk(mixer, window, modes, v, positions, self), states

@@ -11,6 +11,7 @@ import torch
 
 from modeling_tnn import TnnConfig
 from modeling_tnn.decoding_cache import TnnCache, mix_with_cache
+from modeling_tnn.decoding_compact import FOLD_EVERY
 from modeling_tnn.fit_modal import float64_taps, fit_modal_tail, modal_taps
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
@@ -134,7 +135,8 @@ def test_describe_and_memory_count_the_whole_batch():
         states.append(cache.memory_bytes())
     channels = model.config.gtu_dim
     modes = sum(row["modes"] for row in rows)
-    per_sequence = model.config.num_hidden_layers * channels * WINDOW * 4 + channels * modes * 12  # re, im, scratch
+    rows_per_layer = WINDOW + 2 * FOLD_EVERY  # the ring (W + K slots), then the readout rows (K)
+    per_sequence = model.config.num_hidden_layers * channels * rows_per_layer * 4 + channels * modes * 8  # re, im
     assert states[1] - states[0] == per_sequence and states[0] == per_sequence
 
 
