@@ -31,9 +31,11 @@ import torch
 
 from .harness import (
     CLOCK,
+    DECODE_TOKENS,
     Timing,
     Workload,
     command_line,
+    consecutive,
     label_of,
     pyplot,
     run_round,
@@ -85,8 +87,9 @@ def decode_steps(context: int, batches: tuple[int, ...] = (1, 8)) -> Callable[[]
             for batch in batches:
                 for name, model in models.items():
                     step, _ = decoder(name, model, batch, context, args.vocab_size)
-                    step = torch.no_grad()(step)
-                    work[f"{name} batch {batch} context {context}"] = workload(step, before=step)
+                    step = torch.no_grad()(step)  # a timed call: DECODE_TOKENS steps, the folds among them
+                    work[f"{name} batch {batch} context {context}"] = workload(consecutive(step, DECODE_TOKENS),
+                                                                               before=step)
         return work
     return build
 

@@ -6,8 +6,9 @@ construction (:func:`~.scale_ladder.build_pair`): their matrix-vector products c
 come from what Llama does besides (its KV cache: attention and the cache's growth) minus what TNN does besides (its
 decoding state, norms, gating, Python). This benchmark measures those parts in one run, interleaved:
 
-* ``step``: one decode step after a ``--context``-token state (:func:`~.scale_ladder.tnn_state`,
-  :func:`~.generation.kv_cache`), as the ladder times it (each timed call right after an untimed one);
+* ``step``: a decode step after a ``--context``-token state (:func:`~.scale_ladder.tnn_state`,
+  :func:`~.generation.kv_cache`), as the ladder times it: each timed call runs ``DECODE_TOKENS`` consecutive steps
+  (a whole fold period of the compact state, folds included) right after an untimed call of the same; per token;
 * ``linear``: the same step's ``nn.Linear`` calls alone (recorded by hooks on one step, replayed on inputs of the
   recorded shapes): the weights' read, the floor of any implementation of the model;
 * TNN's ``state``: the time inside its layers' decoding-state steps within ``step`` (the window and the modes);
@@ -31,7 +32,8 @@ from contextlib import contextmanager
 import torch
 
 from .generation import kv_cache
-from .harness import CLOCK, command_line, interleaved, pyplot, save_figure, set_threads, workload, write_report
+from .harness import (CLOCK, DECODE_TOKENS, command_line, consecutive, interleaved, pyplot, save_figure, set_threads, workload,
+                      write_report)
 from .reference_models import count_parameters
 from .scale_ladder import QUICK_RUNGS, RUNGS, build_pair, decode_step, tnn_state
 
@@ -106,13 +108,17 @@ def measure(args, name: str) -> dict:
     tnn, llama = build_pair(ALL_RUNGS[name], args.seed)
     with torch.no_grad():
         caches = dict(tnn=tnn_state(tnn, args.batch, args.context), llama=kv_cache(llama, args.batch, args.context))
-    # The static cache has room for every step this run makes (a warm-up round and the rounds, two calls each).
-    caches["llama static"] = kv_cache(llama, args.batch, args.context, room=2 * (args.rounds + 1) + 4)
+    # The static cache has room for every step this run makes (a warm-up round and the rounds, two calls of
+    # DECODE_TOKENS steps each).
+    caches["llama static"] = kv_cache(llama, args.batch, args.context,
+                                      room=2 * (args.rounds + 1) * DECODE_TOKENS + 4)
     steps = {model: torch.no_grad()(decode_step(net, caches[model], args.batch))
              for model, net in (("tnn", tnn), ("llama", llama), ("llama static", llama))}
     floors, counts = {}, {}
     for model, net in (("tnn", tnn), ("llama", llama)):
-        floors[model], counts[model] = linear_calls(steps[model], net)
+        one_step = torch.no_grad()(decode_step(net, caches[model], args.batch, tokens=1))
+        linears, counts[model] = linear_calls(one_step, net)
+        floors[model] = consecutive(linears, DECODE_TOKENS)
     state_seconds = []
 
     def tnn_step():
@@ -126,8 +132,9 @@ def measure(args, name: str) -> dict:
             ("llama", "linear"): workload(floors["llama"], before=floors["llama"]),
             ("llama static", "step"): workload(steps["llama static"], before=steps["llama static"])}
     timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
+    timings = {key: timing.per(DECODE_TOKENS) for key, timing in timings.items()}
     ms = {key: timing.median * 1e3 for key, timing in timings.items()}
-    state = statistics.median(state_seconds[-args.rounds:]) * 1e3  # the timed rounds' calls
+    state = statistics.median(state_seconds[-args.rounds:]) * 1e3 / DECODE_TOKENS  # the timed rounds' calls
     tnn_ms, floor_ms, llama_ms = ms["tnn", "step"], ms["tnn", "linear"], ms["llama", "step"]
     return dict(rung=name, batch=args.batch, context=args.context,
                 tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_other_ms=tnn_ms - floor_ms - state,

@@ -45,8 +45,10 @@ from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from .harness import (
     CLOCK,
+    DECODE_TOKENS,
     StreamerClock,
     command_line,
+    consecutive,
     interleaved,
     interleaved_samples,
     pyplot,
@@ -162,9 +164,12 @@ def latency(args, models: dict[str, torch.nn.Module]) -> tuple[list[dict], dict]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         steps = {key: decoder(*key[:1], models[key[0]], *key[1:], args.vocab_size) for key in tqdm(plan, desc="states")}
-        # The untimed step first: the timed one follows a step of the same decoder, as in generate.
-        timings = interleaved({key: workload(step, before=step) for key, (step, _) in steps.items()},
-                              rounds=args.rounds, warmup=1)
+        # The untimed step first: the timed ones follow a step of the same decoder, as in generate; a cached decoder
+        # runs DECODE_TOKENS steps per timed call (its folds included), a no-cache forward one.
+        tokens = {key: 1 if key[0].startswith("no cache") else DECODE_TOKENS for key in steps}
+        timings = interleaved({key: workload(consecutive(step, tokens[key]), before=step)
+                               for key, (step, _) in steps.items()}, rounds=args.rounds, warmup=1)
+        timings = {key: timing.per(tokens[key]) for key, timing in timings.items()}
     results = [dict(decoder=name, batch=batch, context=context, median_ms=1000 * timings[name, batch, context].median,
                     state_bytes=memory, **timings[name, batch, context].summary())
                for (name, batch, context), (_, memory) in steps.items()]

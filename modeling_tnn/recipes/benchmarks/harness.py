@@ -25,10 +25,12 @@ import torch
 # The timing loop lives in common (pretraining's --time_generation uses it too); the benchmarks import it from here.
 from ..common.timing import (  # noqa: F401 (re-exported)
     CLOCK,
+    DECODE_TOKENS,
     Clock,
     StreamerClock,
     Timing,
     Workload,
+    consecutive,
     interleaved,
     interleaved_samples,
     run_round,

@@ -53,7 +53,8 @@ from modeling_tnn import TnnForCausalLM, load_preset
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
 from .generation import cache_bytes, kv_cache
-from .harness import CLOCK, command_line, env_with_package, interleaved, set_threads, time_once, workload
+from .harness import (CLOCK, DECODE_TOKENS, command_line, consecutive, env_with_package, interleaved, set_threads, time_once,
+                      workload)
 from .reference_models import baseline_model, count_parameters, matched_mlp_width
 from .scale_ladder_rungs import QUICK_RUNGS, RUNGS, Rung
 from .scale_ladder_training import train, training_parts
@@ -172,12 +173,14 @@ def tnn_state(model: TnnForCausalLM, batch: int, context: int):
     return cache
 
 
-def decode_step(model, cache, batch: int):
+def decode_step(model, cache, batch: int, tokens: int = DECODE_TOKENS):
+    """``tokens`` consecutive decode steps on ``cache`` as one call (:func:`~.harness.consecutive`); divide its
+    timing by ``tokens`` (``Timing.per``)."""
     token = torch.randint(1, model.config.vocab_size, (batch, 1))
 
     def step():
         model(input_ids=token, use_cache=True, **{CACHE_FIELD: cache})
-    return step
+    return consecutive(step, tokens)
 
 
 def decode(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
@@ -200,6 +203,7 @@ def decode(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
                 steps[name, batch] = (decode_step(model, cache, batch), cache_bytes(cache))
         timings = interleaved({key: workload(step, before=step) for key, (step, _) in steps.items()},
                               rounds=args.rounds, warmup=1, progress=f"{rung.name} decode at {context}")
+        timings = {key: timing.per(DECODE_TOKENS) for key, timing in timings.items()}
         for (name, batch), (_, state) in steps.items():
             rows.append(dict(model=name, batch=batch, context=context, ms_per_token=timings[name, batch].median * 1e3,
                              state_bytes=state, state_bytes_per_sequence=state // batch,
@@ -252,7 +256,7 @@ def profile_steps(args, tnn, llama, top: int) -> list[dict]:
         select, forward_backward, update = training_parts(model, n, 1, torch.optim.AdamW(model.parameters(), lr=1e-4),
                                                           args.seed, "sdpa" if name == "llama" else None)
         select()
-        steps = ((f"decode b1 @{context}", torch.no_grad()(decode_once)),
+        steps = ((f"decode b1 @{context}, {DECODE_TOKENS} tokens", torch.no_grad()(decode_once)),
                  (f"training step n={n} b1", lambda fb=forward_backward, up=update: (fb(), up())))
         for what, function in steps:
             function()

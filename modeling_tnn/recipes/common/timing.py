@@ -40,6 +40,20 @@ class Workload:
             raise ValueError(f"Workload.names: one name per phase ({len(self.phases)}), got {list(self.names)}.")
 
 
+# Consecutive decode steps per timed call: a whole fold period of the compact state (decoding_compact.FOLD_EVERY).
+DECODE_TOKENS = 16
+
+
+def consecutive(step: Callable[[], object], count: int) -> Callable[[], None]:
+    """``step`` called ``count`` times in a row, as one timed call. A decode step is timed over a run of tokens, not
+    one token: the compact state folds every K tokens (decoding_compact.FOLD_EVERY), and the median of single steps
+    would leave the folding ones out."""
+    def run() -> None:
+        for _ in range(count):
+            step()
+    return run
+
+
 def workload(*phases: Callable[[], object], names: Sequence[str] = (), before: Callable[[], object] | None = None
              ) -> Workload:
     """A :class:`Workload` of ``phases`` (one callable: a single timed call)."""
@@ -56,6 +70,11 @@ class Timing:
     @property
     def median(self) -> float:
         return statistics.median(self.samples)
+
+    def per(self, count: int) -> Timing:
+        """The samples (and phases) divided by ``count``: per token, where each timed call ran ``count`` tokens."""
+        return Timing([s / count for s in self.samples],
+                      {name: [v / count for v in values] for name, values in self.phases.items()})
 
     def quartiles(self) -> tuple[float, float]:
         """The first and third quartile (both the single sample when there is one)."""
