@@ -188,6 +188,25 @@ def compact_prefill(v: torch.Tensor, positions: int, plan: CompactState,
     return torch.cat([ring, readout_rows(modes, tables).to(ring.dtype)], dim=1), modes
 
 
+def reads_rows_on_host(positions: torch.Tensor) -> bool:
+    """Whether a step may read which rows fold: positions on the CPU outside a compiled graph, where reading a value
+    syncs nothing. On an accelerator a step never reads one (every row's fold is computed and kept where it folds)."""
+    return positions.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def fold_rows(ring: torch.Tensor, readout: torch.Tensor, modes: torch.Tensor, index: torch.Tensor,
+              rows: torch.Tensor, tables: FoldTables) -> None:
+    """In place, for the batch ``rows`` (k,) alone: the ring's slots ``index`` (b, K, c) enter the modes, the readout
+    rows are renewed and those slots zeroed."""
+    index = index.index_select(0, rows)
+    held = ring.index_select(0, rows)
+    part = modes.index_select(0, rows)
+    fold_in(part, held.gather(1, index), tables)
+    modes.index_copy_(0, rows, part)
+    readout.index_copy_(0, rows, readout_rows(part, tables).to(readout.dtype))
+    ring.index_copy_(0, rows, held.scatter_(1, index, 0.0))
+
+
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
                  plan: CompactState) -> torch.Tensor:
     """In place: ``v_t`` (b, c) takes its ring slot; every ``K`` positions the K oldest inputs of the ring enter the
@@ -214,12 +233,17 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     folds = phase == 0
     index = row_slots(positions + 1 - capacity - fold_every, fold_every, length).expand(b, fold_every)
     index = index[..., None].expand(b, fold_every, c)
-    leaving = ring.gather(1, index)
-    folded = modes.clone()
-    fold_in(folded, leaving, tables)
-    modes.copy_(torch.where(folds[:, None, None, None], folded, modes))
-    readout.copy_(torch.where(folds[:, None, None], readout_rows(folded, tables), readout))
-    ring.scatter_(1, index, leaving * ~folds[:, None, None])
+    if reads_rows_on_host(positions):  # fold the rows that fold alone (most steps none)
+        rows = folds.nonzero()[:, 0]
+        if rows.numel():
+            fold_rows(ring, readout, modes, index, rows, tables)
+    else:  # no host read on an accelerator: every row's fold computed, kept where the row folds
+        leaving = ring.gather(1, index)
+        folded = modes.clone()
+        fold_in(folded, leaving, tables)
+        modes.copy_(torch.where(folds[:, None, None, None], folded, modes))
+        readout.copy_(torch.where(folds[:, None, None], readout_rows(folded, tables), readout))
+        ring.scatter_(1, index, leaving * ~folds[:, None, None])
     row = readout.gather(1, phase[:, None, None].expand(b, 1, c))[:, 0]
     return window_read(ring, slot_taps(plan.taps_twice, slot), length) + row
 

@@ -95,12 +95,14 @@ def slot_write(buffer: torch.Tensor, slot: int | torch.Tensor, value: torch.Tens
 
 def slot_taps(taps_twice: torch.Tensor, slot: int | torch.Tensor) -> torch.Tensor:
     """The taps each ring slot is read against when ``slot`` was written last: ``t[(slot - j) mod W]`` for slot
-    ``j``, (W, c) for one slot, (b, W, c) for a slot per row (every window of the doubled taps as a view, the rows'
-    ones gathered: no table stored)."""
+    ``j``, (W, c) for one slot (a view of the doubled taps), (b, W, c) for a slot per row (each row's taps gathered:
+    no table stored)."""
     capacity = taps_twice.shape[0] // 2
     if isinstance(slot, int):
         return taps_twice[capacity - 1 - slot: 2 * capacity - 1 - slot]
-    return taps_twice.unfold(0, capacity, 1).index_select(0, capacity - 1 - slot).transpose(1, 2)
+    # Whole rows of the doubled taps, gathered contiguously (a strided window view read 1.4x slower at 16 rows).
+    rows = (capacity - 1 - slot)[:, None] + torch.arange(capacity, device=slot.device)
+    return taps_twice.index_select(0, rows.flatten()).view(*rows.shape, taps_twice.shape[1])
 
 
 def window_read(buffer: torch.Tensor, taps: torch.Tensor, filled: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modeling_tnn import TnnForCausalLM
+from modeling_tnn import TnnForCausalLM, decoding_compact
 from modeling_tnn.decoding_compact import CompactState, frontier
 from modeling_tnn.decoding_plan import PLANNERS, PlanSettings
 from modeling_tnn.fit_modal import float64_taps, modal_taps
@@ -85,8 +85,10 @@ def test_the_modes_hold_the_inputs_before_the_frontier(fold_every):
     torch.testing.assert_close(modes, direct, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("host", [True, False])  # False: the accelerator's path, no value read on the host
 @pytest.mark.parametrize("fold_every", FOLDS)
-def test_rows_folding_at_different_steps_step_together_as_each_alone(fold_every):
+def test_rows_folding_at_different_steps_step_together_as_each_alone(fold_every, host, monkeypatch):
+    monkeypatch.setattr(decoding_compact, "reads_rows_on_host", lambda positions: host)
     mixer = _mixer()
     plan, _ = _plan(mixer, fold_every)
     prompts = [3, plan.capacity, plan.capacity + 1, plan.capacity + fold_every + 2]
