@@ -391,7 +391,8 @@ def render(results, prefills, errors, summary, contexts, batches, clocked=()) ->
     names = list(dict.fromkeys(r["decoder"] for r in results))
     parts = []
     for batch in batches:
-        lines = [f"Per-token decode, batch {batch} (median ms; state MB = decoding state of the whole batch)", "",
+        lines = [f"Per-token decode, batch {batch} (median ms of a token over runs of {DECODE_TOKENS} consecutive steps; "
+                 "state MB = decoding state of the whole batch)", "",
                  "| context | " + " | ".join(names) + " | tnn dense MB | tnn fd MB | llama KV MB | gpt2 KV MB |",
                  "|---" * (len(names) + 5) + "|"]
         for c in contexts:

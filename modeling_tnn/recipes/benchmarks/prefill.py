@@ -44,11 +44,11 @@ import torch
 
 from modeling_tnn.modeling_tnn import CACHE_FIELD
 
-from .harness import (CLOCK, command_line, interleaved, pyplot, save_figure, set_threads, status_kb, workload,
+from .harness import (CLOCK, command_line, interleaved, pyplot, save_figure, set_threads, workload,
                       write_report)
 from .reference_models import count_parameters
 from .scale_ladder import QUICK_RUNGS, RUNGS, build_pair
-from .scale_ladder_training import peak_reset
+from .scale_ladder_training import peak_over, peak_reset
 
 SCRIPT = "run_scripts/bench_prefill.py"
 FULL_COMMAND = f"python {SCRIPT} --output_dir results/bench_prefill"  # what make bench runs (plan.py)
@@ -132,7 +132,7 @@ def peak_mb(call: Callable[[], object]) -> float | None:
     release_free_heap()
     before = peak_reset()
     call()
-    return None if before is None else (status_kb("VmHWM") - before) / 1024
+    return peak_over(before)
 
 
 def prefill(model, ids: torch.Tensor, use_cache: bool, logits: dict, key: str) -> Callable[[], None]:

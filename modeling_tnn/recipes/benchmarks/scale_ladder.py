@@ -184,7 +184,8 @@ def decode_step(model, cache, batch: int, tokens: int = DECODE_TOKENS):
 
 
 def decode(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
-    """Per (context, batch, model): the median ms of one decode step and the state's bytes; one context at a time,
+    """Per (context, batch, model): the median ms of a decode step (timed over runs of DECODE_TOKENS consecutive
+    steps) and the state's bytes; one context at a time,
     so that only that context's KV caches are held."""
     rows = []
     for context in args.contexts:

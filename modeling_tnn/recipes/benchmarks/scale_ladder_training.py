@@ -28,6 +28,13 @@ def free_attention(module, query, key, value, attention_mask, **kwargs):
 AttentionInterface.register(FREE_MIXER, free_attention)
 
 
+def peak_over(baseline: int | None) -> float | None:
+    """MB of the high-water mark over ``baseline`` (kB, from :func:`peak_reset`), at least 0: the kernel keeps
+    per-thread resident-set counts that it folds in lazily, so a call that grows nothing can read a few hundred kB
+    below its baseline (measured: -0.08 MB)."""
+    return None if baseline is None else max(0.0, (status_kb("VmHWM") - baseline) / 1024)
+
+
 def peak_reset() -> int | None:
     """Reset the kernel's high-water mark of this process to its resident set; the resident set in kB (None where
     the reset is refused: no per-step peak then)."""
@@ -81,7 +88,7 @@ def train(args, rung: Rung, tnn, llama, dropped: list) -> list[dict]:
                 primed.add(id(model))
             baseline = peak_reset()  # the warm-up step, measured for its peak
             forward_backward(), update()
-            peaks[name] = None if baseline is None else (status_kb("VmHWM") - baseline) / 1024
+            peaks[name] = peak_over(baseline)
             work[name] = workload(forward_backward, update, names=("forward_backward", "optimizer"), before=select)
         timings = interleaved(work, rounds=args.rounds, warmup=0, progress=f"{rung.name} training n={n}")
         for name, timing in timings.items():
