@@ -107,6 +107,7 @@ def test_bad_flags_are_named_and_the_plan_parses():
         prefill.parse_args(["--lengths", "2048,x"])
     (step,) = [step for step in plan.PLAN if step.folder == "bench_prefill"]
     full, quick = prefill.parse_args(list(step.full)), prefill.parse_args(list(step.quick))
-    assert full.rungs == ["6M", "48.7M"] and full.lengths == [2048, 8192] and full.long_length == 32768
+    assert full.rungs == ["6M", "48.7M", "125M"] and full.lengths == [2048, 8192] and full.long_length == 32768
+    assert full.long_rungs == ["6M", "48.7M"]
     assert (full.chunk_prompt, full.chunks) == (16384, 8)
     assert quick.rungs == list(QUICK_RUNGS)
