@@ -25,17 +25,15 @@ class SimpleRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if tracing():
             return x / _norm_and_scale(x, self.eps)[1]
-        eps = self._eps_tensor(x)
+        # eps as a 0-d tensor of x's dtype and device, made once (wrapping it costs four operators a call); looked up
+        # here, not in a helper: a decoding step runs 2 norms a layer and is bound by its Python calls.
+        key = (x.dtype, x.device, self.eps)
+        eps = self._eps_tensors.get(key)
+        if eps is None:
+            eps = self._eps_tensors[key] = torch.tensor(self.eps, dtype=x.dtype, device=x.device)
         if torch.is_grad_enabled() and x.requires_grad:
             return rms_norm(x, eps)
         return x / _norm_and_scale(x, eps)[1]
-
-    def _eps_tensor(self, x: torch.Tensor) -> torch.Tensor:
-        """``eps`` as a 0-d tensor of ``x``'s dtype and device, made once (wrapping it costs four operators a call)."""
-        key = (x.dtype, x.device, self.eps)
-        if key not in self._eps_tensors:
-            self._eps_tensors[key] = torch.tensor(self.eps, dtype=x.dtype, device=x.device)
-        return self._eps_tensors[key]
 
 
 class Rpe(nn.Module):
