@@ -92,8 +92,10 @@ def validate_model_inputs(
         if attention_mask.dtype.is_complex:
             raise ValueError(f"attention_mask must be boolean, integer or floating, got dtype {attention_mask.dtype}.")
 
-    if tracing() or inputs.device.type == "meta" or (continues_cache and length == 1):
-        return  # a decoding step: no host synchronisation per token (an id out of range fails in the embedding)
+    if (continues_cache and length == 1) or tracing() or inputs.device.type == "meta":
+        # A decoding step (tested first: it needs no tracing() call): no host synchronisation per token (an id out
+        # of range fails in the embedding).
+        return
     # One host synchronisation for every value check.
     stats = []
     if input_ids is not None:
