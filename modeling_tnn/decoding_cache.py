@@ -19,7 +19,7 @@ from .configuration_tnn import GENERATION_CACHE_MODES
 from .decoding_plan import PLANNERS, PlanSettings, plan_source
 from .decoding_state import STATE_CLASSES, DecodingState, States
 from .mixer_base import TokenMixer
-from .runtime import compute_dtype
+from .runtime import as_dtype, compute_dtype
 
 
 class TnnCacheLayer(LinearAttentionCacheLayerMixin):
@@ -215,7 +215,7 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
         if not state.fixed_shapes:
             states = state.reserve(mixer, states, seen)
         out, after = state.step(states, v[:, 0], positions)
-        out = out[:, None].to(v.dtype)
+        out = as_dtype(out[:, None], v.dtype)
     else:  # several new tokens on a filled state: their own part in parallel, plus what the past contributes
         out, after = state.chunk(mixer, states, v, positions)
     if after is not states:
