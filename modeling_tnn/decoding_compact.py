@@ -219,7 +219,7 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     ring, readout = window[:, :length], window[:, length:]
     slot = ring_slot(positions, length)
     slot_write(ring, slot, v_t)
-    if isinstance(positions, int):
+    if not isinstance(positions, torch.Tensor):  # a count (an int, or a size under export)
         phase = (positions + 1 - capacity) % fold_every
         if phase == 0:
             slots = ring_order(positions + 1 - capacity, fold_every, length, window.device)
@@ -253,8 +253,10 @@ def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, 
     """Several tokens ``v`` (b, n, c) on a filled state, in place: the ring's inputs and the chunk through the mixer's
     exact kernel in parallel, plus what the modes contribute; then the state after the chunk. Rows at their own
     positions (a tensor) continue one at a time."""
-    if not isinstance(positions, int):
-        rows = positions.expand(v.shape[0]).tolist()  # a multi-token call: a host read per call, not per token
+    if isinstance(positions, torch.Tensor):
+        if not reads_rows_on_host(positions):
+            return chunk_on_device(mixer, window, modes, v, positions, plan)
+        rows = positions.expand(v.shape[0]).tolist()
         return torch.cat([compact_chunk(mixer, window[r:r + 1], modes[r:r + 1], v[r:r + 1], rows[r], plan)
                           for r in range(v.shape[0])])
     capacity, fold_every = plan.capacity, plan.fold_every
@@ -269,6 +271,40 @@ def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, 
     contribution = modal_contribution(prior * pole_powers(poles, ahead, prior.dtype), poles, n, plan._groups)
     out = mixer(sequence, None)[:, -n:] + contribution.to(v.dtype)
     in_place((window, modes), compact_prefill(sequence, positions - length, plan, (prior, before)))
+    return out
+
+
+def chunk_on_device(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
+                    positions: torch.Tensor, plan: CompactState) -> torch.Tensor:
+    """:func:`compact_chunk` for rows at ``positions`` (b,) or (1,) that no step may read (an accelerator, a
+    compiled or exported graph): each row's frontiers as tensors, and the inputs it folds picked by masks."""
+    capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
+    length = capacity + fold_every
+    b, n, c = v.shape
+    poles, residues = as_complex(plan.poles), as_complex(plan.residues)
+    positions = positions.expand(b)
+
+    def frontier_of(seen: torch.Tensor) -> torch.Tensor:
+        return (torch.div(seen - capacity, fold_every, rounding_mode="floor") * fold_every).clamp_min(0)
+    before, after = frontier_of(positions), frontier_of(positions + n)
+    prior = to_channel_order(modes, tables)
+    sequence = torch.cat([ring_history(window[:, :length], positions).to(v.dtype), v], dim=1)  # (b, T, c)
+    ahead = (positions - capacity - before).clamp_min(0)
+    contribution = modal_contribution(prior * pole_powers(poles, ahead, prior.dtype), poles, n, plan._groups)
+    out = mixer(sequence, None)[:, -n:] + contribution.to(v.dtype)
+    steps = sequence.shape[1]
+    first = positions - length                                      # the position of each row's first entry
+    offsets = torch.arange(steps, device=v.device)
+    # The inputs before the new frontier, shifted so that the last of them is the last entry (their powers count
+    # from there); earlier entries of the ring are zeros already (folded before).
+    index = offsets - (first + steps - after)[:, None]
+    shifted = sequence.gather(1, index.clamp_min(0)[..., None].expand(b, steps, c)) * (index >= 0)[..., None]
+    folded = (modal_state(shifted, poles, residues, plan._groups)
+              + prior * pole_powers(poles, after - before, prior.dtype))
+    kept = (first[:, None] + offsets[steps - length:] >= after[:, None])[..., None]   # from the new frontier on
+    ring = window_prefill(sequence[:, steps - length:] * kept, positions + n - length, length)
+    folded = to_group_order(folded, tables)
+    in_place((window, modes), (torch.cat([ring, readout_rows(folded, tables).to(ring.dtype)], dim=1), folded))
     return out
 
 
@@ -333,7 +369,7 @@ class CompactState(DecodingState):
         return (self.capacity + 2 * self.fold_every, channels), (channels, self.modes, 2)
 
     def prefill(self, mixer: TokenMixer, v: torch.Tensor, positions: Positions = 0) -> States:
-        if not isinstance(positions, int):
+        if isinstance(positions, torch.Tensor):
             raise ValueError("a compact prefill starts every row at one position (an int); continue rows at their "
                              "own positions with chunk")
         return compact_prefill(v, positions, self)

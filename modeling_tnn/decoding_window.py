@@ -51,7 +51,7 @@ def window_prefill(v: torch.Tensor, positions: Positions, capacity: int) -> torc
     keep = min(n, capacity)
     buffer = v.new_zeros(b, capacity, c, dtype=compute_dtype(v.dtype))
     recent = v[:, n - keep:].to(buffer.dtype)
-    if isinstance(positions, int):
+    if not isinstance(positions, torch.Tensor):  # a count (an int, or a size under export)
         buffer[:, ring_order(positions + n, keep, capacity, v.device)] = recent
     else:
         slots = row_slots(positions + (n - keep), keep, capacity)

@@ -137,3 +137,29 @@ def test_a_chunk_across_folds_continues_the_state(fold_every):
 def test_a_fold_period_that_is_not_a_positive_int_is_refused(fold_every):
     with pytest.raises(ValueError, match="fold_every"):
         CompactState(fold_every=fold_every)
+
+
+@pytest.mark.parametrize("host", [True, False])  # False: the frontiers as tensors (an accelerator, a compiled graph)
+def test_a_chunk_at_rows_own_positions_equals_each_row_alone(host, monkeypatch):
+    monkeypatch.setattr(decoding_compact, "reads_rows_on_host", lambda positions: host)
+    mixer = _mixer()
+    plan, _ = _plan(mixer, 16)
+    prompts, chunk = [3, plan.capacity, plan.capacity + 5, plan.capacity + 21], 19
+    v = torch.randn(len(prompts), max(prompts) + chunk + 2, mixer.channels, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        alone = []
+        for row, prompt in enumerate(prompts):
+            states = plan.prefill(mixer, v[row:row + 1, :prompt])
+            out, states = plan.chunk(mixer, states, v[row:row + 1, prompt:prompt + chunk], prompt)
+            step, _ = plan.step(states, v[row:row + 1, prompt + chunk], prompt + chunk)
+            alone.append(torch.cat([out, step[:, None]], dim=1))
+        states = tuple(torch.cat(parts) for parts in zip(*[plan.prefill(mixer, v[row:row + 1, :prompt])
+                                                          for row, prompt in enumerate(prompts)]))
+        positions = torch.tensor(prompts)
+        pieces = torch.stack([v[row, prompt:prompt + chunk] for row, prompt in enumerate(prompts)])
+        out, states = plan.chunk(mixer, states, pieces, positions)
+        tokens = torch.stack([v[row, prompt + chunk] for row, prompt in enumerate(prompts)])
+        step, _ = plan.step(states, tokens, positions + chunk)
+    together = torch.cat([out, step[:, None]], dim=1)
+    for row in range(len(prompts)):
+        torch.testing.assert_close(together[row:row + 1], alone[row], atol=1e-6, rtol=1e-5)

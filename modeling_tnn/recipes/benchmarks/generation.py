@@ -91,7 +91,9 @@ def baselines(args, target: int, max_context: int) -> dict[str, torch.nn.Module]
     """GPT-2 (a position table for every context and step timed) and Llama (rotary) with the MLP width that matches
     ``target`` parameters (GPT-2's position table not counted)."""
     models = {}
-    for kind, positions in (("gpt2", max_context + args.rounds + 64), ("llama", 1 << 17)):
+    # GPT-2's table covers the steps timed: per round an untimed step and a timed call of DECODE_TOKENS steps.
+    steps = (args.rounds + 1) * (DECODE_TOKENS + 1)
+    for kind, positions in (("gpt2", max_context + steps + 64), ("llama", 1 << 17)):
         sizes = baseline_sizes(args, positions)
         width = matched_mlp_width(kind, "causal", target, **sizes)
         models[kind] = baseline_model(kind, "causal", mlp_width=width, **sizes).eval()
