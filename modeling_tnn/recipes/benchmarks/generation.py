@@ -91,8 +91,7 @@ def baselines(args, target: int, max_context: int) -> dict[str, torch.nn.Module]
     """GPT-2 (a position table for every context and step timed) and Llama (rotary) with the MLP width that matches
     ``target`` parameters (GPT-2's position table not counted)."""
     models = {}
-    # GPT-2's table covers the steps timed: per round an untimed step and a timed call of DECODE_TOKENS steps.
-    steps = (args.rounds + 1) * (DECODE_TOKENS + 1)
+    steps = (args.rounds + 1) * (DECODE_TOKENS + 1)  # per round an untimed step and a timed call of DECODE_TOKENS
     for kind, positions in (("gpt2", max_context + steps + 64), ("llama", 1 << 17)):
         sizes = baseline_sizes(args, positions)
         width = matched_mlp_width(kind, "causal", target, **sizes)
@@ -166,8 +165,7 @@ def latency(args, models: dict[str, torch.nn.Module]) -> tuple[list[dict], dict]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         steps = {key: decoder(*key[:1], models[key[0]], *key[1:], args.vocab_size) for key in tqdm(plan, desc="states")}
-        # The untimed step first: the timed ones follow a step of the same decoder, as in generate; a cached decoder
-        # runs DECODE_TOKENS steps per timed call (its folds included), a no-cache forward one.
+        # After an untimed step, as in generate; a cached decoder's timed call: DECODE_TOKENS steps (folds included).
         tokens = {key: 1 if key[0].startswith("no cache") else DECODE_TOKENS for key in steps}
         timings = interleaved({key: workload(consecutive(step, tokens[key]), before=step)
                                for key, (step, _) in steps.items()}, rounds=args.rounds, warmup=1)
