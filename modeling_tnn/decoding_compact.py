@@ -150,11 +150,12 @@ def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int,
     return out
 
 
-def frontier(seen: int, capacity: int, fold_every: int) -> int:
-    """How many of the first ``seen`` inputs the modes hold: the largest multiple of ``fold_every`` that leaves at
+def frontier(seen: int | torch.Tensor, capacity: int, fold_every: int) -> int | torch.Tensor:
+    """How many of the first ``seen`` inputs the modes hold (a count, or a tensor of counts): the largest multiple of ``fold_every`` that leaves at
     least ``capacity`` inputs out (0 before that). Folds happen at the same positions whatever the prompt's length, so
     a step knows from its position alone whether it folds and which readout row it reads."""
-    return max(0, fold_every * ((seen - capacity) // fold_every))
+    front = fold_every * ((seen - capacity) // fold_every)
+    return front.clamp_min(0) if isinstance(front, torch.Tensor) else max(0, front)
 
 
 def compact_taps(mixer: TokenMixer, capacity: int, fold_every: int, poles: torch.Tensor, residues: torch.Tensor,
@@ -212,8 +213,8 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     """In place: ``v_t`` (b, c) takes its ring slot; every ``K`` positions the K oldest inputs of the ring enter the
     modes (:func:`frontier`) and the readout rows are renewed; the output is the ring read against the taps plus the
     readout row of the position. Between folds a step is three operators on (W + K, c) rows: the modes are not
-    touched. Rows at their own positions (a tensor) fold where their position says: every such step computes the
-    fold, and a row that does not fold keeps its state."""
+    touched. Rows at their own positions (a tensor) fold where their position says: on the CPU only the rows that
+    fold compute it; elsewhere every row's fold is computed and kept where the row folds (:func:`reads_rows_on_host`)."""
     capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
     length = capacity + fold_every
     ring, readout = window[:, :length], window[:, length:]
@@ -283,10 +284,7 @@ def chunk_on_device(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor
     b, n, c = v.shape
     poles, residues = as_complex(plan.poles), as_complex(plan.residues)
     positions = positions.expand(b)
-
-    def frontier_of(seen: torch.Tensor) -> torch.Tensor:
-        return (torch.div(seen - capacity, fold_every, rounding_mode="floor") * fold_every).clamp_min(0)
-    before, after = frontier_of(positions), frontier_of(positions + n)
+    before, after = frontier(positions, capacity, fold_every), frontier(positions + n, capacity, fold_every)
     prior = to_channel_order(modes, tables)
     sequence = torch.cat([ring_history(window[:, :length], positions).to(v.dtype), v], dim=1)  # (b, T, c)
     ahead = (positions - capacity - before).clamp_min(0)

@@ -76,14 +76,6 @@ def window_history(buffer: torch.Tensor, positions: Positions) -> torch.Tensor:
     return ring_history(buffer, positions)
 
 
-def slot_read(buffer: torch.Tensor, slot: int | torch.Tensor) -> torch.Tensor:
-    """``buffer[r, slot[r]]`` (b, c): one slot for every row (an int), or each row's own (``slot`` (b,) or (1,))."""
-    if isinstance(slot, int):
-        return buffer[:, slot]
-    b, _, c = buffer.shape
-    return buffer.gather(1, slot.expand(b)[:, None, None].expand(b, 1, c))[:, 0]
-
-
 def slot_write(buffer: torch.Tensor, slot: int | torch.Tensor, value: torch.Tensor) -> None:
     """``buffer[r, slot[r]] = value[r]`` in place."""
     if isinstance(slot, int):
