@@ -75,8 +75,8 @@ PLAN = (
                                           "--streamer_points", "1x256,1x2048,8x256,8x2048", "--streamer_rounds", "2",
                                           "--compiled", "0"), GENERATION_QUICK),
     Step("bench_decode_profile", GENERATION, ("--profile_only", "1"), (*GENERATION_QUICK, "--profile_only", "1")),
-    # A decode step's parts (the weights' read, TNN's state, the rest) on the scale ladder's models (15 minutes in the published run:
-    # each timed call runs 16 steps).
+    # A decode step's parts (the weights' read, TNN's state, the rest) on the scale ladder's models (15 minutes in
+    # the published run: each timed call runs 16 steps).
     Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M"),
          ("--rungs", "tiny-32", "--context", "64", "--rounds", "2")),
     # Prefill against the plain forward and Llama, chunked against one shot (6M, 48.7M and 125M), 32,768 tokens (6M
