@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .decoding_fold import FoldTables, fold_in, fold_tables, readout_rows, to_channel_order, to_group_order
+from .decoding_fold import (FoldTables, fold_in, fold_tables, readout_rows, to_channel_order, to_group_order,
+                           write_readout)
 from .decoding_poles import pole_power_range, pole_powers
 from .decoding_state import DecodingState, Positions, States
 from .decoding_window import (in_place, ring_history, ring_order, ring_slot, row_slots, slot_taps, slot_write,
@@ -208,6 +209,23 @@ def fold_rows(ring: torch.Tensor, readout: torch.Tensor, modes: torch.Tensor, in
     ring.index_copy_(0, rows, held.scatter_(1, index, 0.0))
 
 
+def fold_oldest(window: torch.Tensor, modes: torch.Tensor, end: int, plan: CompactState) -> None:
+    """In place, every row: the ring's inputs of positions ``end - K .. end - 1`` enter the modes, their slots are
+    zeroed and the readout rows renewed."""
+    capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
+    length = capacity + fold_every
+    start = (end - fold_every) % length
+    if start + fold_every <= length:  # one block of slots (always where K divides W, as for the fit's windows)
+        leaving = window[:, start:start + fold_every]
+        fold_in(modes, leaving, tables)
+        leaving.zero_()
+    else:
+        slots = ring_order(end, fold_every, length, window.device)
+        fold_in(modes, window[:, slots], tables)
+        window[:, slots] = 0
+    write_readout(window[:, length:], modes, tables)
+
+
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
                  plan: CompactState) -> torch.Tensor:
     """In place: ``v_t`` (b, c) takes its ring slot; every ``K`` positions the K oldest inputs of the ring enter the
@@ -217,18 +235,15 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     fold compute it; elsewhere every row's fold is computed and kept where the row folds (:func:`reads_rows_on_host`)."""
     capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
     length = capacity + fold_every
-    ring, readout = window[:, :length], window[:, length:]
     slot = ring_slot(positions, length)
-    slot_write(ring, slot, v_t)
+    slot_write(window, slot, v_t)  # a ring slot: the window's first rows are the ring
     if not isinstance(positions, torch.Tensor):  # a count (an int, or a size under export)
         phase = (positions + 1 - capacity) % fold_every
         if phase == 0:
-            slots = ring_order(positions + 1 - capacity, fold_every, length, window.device)
-            fold_in(modes, ring[:, slots], tables)
-            readout.copy_(readout_rows(modes, tables))
-            ring[:, slots] = 0
+            fold_oldest(window, modes, positions + 1 - capacity, plan)
         filled = min(positions + 1, length)
-        return window_read(ring, slot_taps(plan.taps_twice, slot), filled) + readout[:, phase]
+        return window_read(window[:, :length], slot_taps(plan.taps_twice, slot), filled) + window[:, length + phase]
+    ring, readout = window[:, :length], window[:, length:]
     b, _, c = ring.shape
     phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
     folds = phase == 0

@@ -104,8 +104,8 @@ def fold_in(modes: torch.Tensor, inputs: torch.Tensor, tables: FoldTables) -> No
             g[:, run.start:] += torch.view_as_complex(sums.unflatten(-1, (-1, 2)))
 
 
-def readout_rows(modes: torch.Tensor, tables: FoldTables) -> torch.Tensor:
-    """``Re(sum_j z_j**e g_j)`` (b, K, c) in channel order for the state's modes (b, c, r, 2), ``e = 0 .. K-1``."""
+def _group_rows(modes: torch.Tensor, tables: FoldTables) -> torch.Tensor:
+    """``Re(sum_j z_j**e g_j)`` (b, c, K) in group order for the state's modes (b, c, r, 2)."""
     flat = modes.flatten(-2)                                                              # (b, c, 2r)
     parts = []
     for run in tables.runs:
@@ -114,5 +114,19 @@ def readout_rows(modes: torch.Tensor, tables: FoldTables) -> torch.Tensor:
             parts.append(torch.matmul(part, run.readout))                                # (b, n, K)
         else:
             parts.append(torch.bmm(part.transpose(0, 1), run.readout).transpose(0, 1))
-    rows = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def readout_rows(modes: torch.Tensor, tables: FoldTables) -> torch.Tensor:
+    """``Re(sum_j z_j**e g_j)`` (b, K, c) in channel order for the state's modes (b, c, r, 2), ``e = 0 .. K-1``."""
+    rows = _group_rows(modes, tables)
     return (rows if tables.identity else rows.index_select(1, tables.rank)).transpose(1, 2)
+
+
+def write_readout(readout: torch.Tensor, modes: torch.Tensor, tables: FoldTables) -> None:
+    """In place: ``readout`` (b, K, c) <- :func:`readout_rows`, scattered to channel order in the write itself."""
+    rows = _group_rows(modes, tables).to(readout.dtype)
+    if tables.identity:
+        readout.copy_(rows.transpose(1, 2))
+    else:
+        readout.transpose(1, 2).index_copy_(1, tables.order, rows)
