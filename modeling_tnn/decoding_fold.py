@@ -92,16 +92,17 @@ def fold_in(modes: torch.Tensor, inputs: torch.Tensor, tables: FoldTables) -> No
     (b, K, c) in channel order, oldest first."""
     g = torch.view_as_complex(modes)
     g.mul_(tables.decay)
-    if not tables.identity:
-        inputs = inputs.index_select(2, tables.order)
+    rows = inputs.transpose(1, 2)                                                          # (b, c, K)
+    if not tables.identity:  # whole rows of K: a row copy each (a gather along the last dim is 5x slower)
+        rows = rows.index_select(1, tables.order)
     for run in tables.runs:
-        part = inputs[:, :, run.start:run.start + run.count]
+        part, modes_of_run = rows[:, run.start:run.start + run.count], g[:, run.start:run.start + run.count]
         if run.shared:
-            sums = torch.matmul(part.transpose(1, 2), run.inputs)                        # (b, n, 2r)
-            g[:, run.start:run.start + run.count] += run.residues * torch.view_as_complex(sums.unflatten(-1, (-1, 2)))
+            sums = torch.view_as_complex(torch.matmul(part, run.inputs).unflatten(-1, (-1, 2)))  # (b, n, r)
+            modes_of_run.addcmul_(run.residues, sums)
         else:
-            sums = torch.bmm(part.permute(2, 0, 1), run.inputs).transpose(0, 1)          # (b, n, 2r)
-            g[:, run.start:] += torch.view_as_complex(sums.unflatten(-1, (-1, 2)))
+            sums = torch.bmm(part.transpose(0, 1), run.inputs).transpose(0, 1)               # (b, n, 2r)
+            modes_of_run.add_(torch.view_as_complex(sums.unflatten(-1, (-1, 2))))
 
 
 def _group_rows(modes: torch.Tensor, tables: FoldTables) -> torch.Tensor:
