@@ -41,6 +41,8 @@ def test_the_floor_replays_every_linear_call_and_the_parts_add_up(record):
     assert row["ceiling"] == pytest.approx(row["llama_step_ms"] / row["tnn_linear_ms"])
     assert row["budget_ms"] == pytest.approx(row["llama_step_ms"] / 1.5 - row["tnn_linear_ms"])
     assert row["ratio_static"] == pytest.approx(row["llama_static_step_ms"] / row["tnn_step_ms"])
+    q1, median, q3 = row["beyond_linear_paired"]  # the per-round ratios' quartiles, in order
+    assert q1 <= median <= q3 and median > -1
 
 
 def test_the_state_timer_counts_the_steps_and_restores_the_states():

@@ -135,6 +135,9 @@ def measure(args, name: str) -> dict:
     timings = {key: timing.per(DECODE_TOKENS) for key, timing in timings.items()}
     ms = {key: timing.median * 1e3 for key, timing in timings.items()}
     state = statistics.median(state_seconds[-args.rounds:]) * 1e3 / DECODE_TOKENS  # the timed rounds' calls
+    # Each round's step over the linear calls timed right after it: a shared machine's slow drift cancels in the pair.
+    paired = [step / floor - 1 for step, floor in zip(timings["tnn", "step"].samples, timings["tnn", "linear"].samples)]
+    quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else [paired[0]] * 3
     tnn_ms, floor_ms, llama_ms = ms["tnn", "step"], ms["tnn", "linear"], ms["llama", "step"]
     return dict(rung=name, batch=args.batch, context=args.context,
                 tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_other_ms=tnn_ms - floor_ms - state,
@@ -142,29 +145,36 @@ def measure(args, name: str) -> dict:
                 llama_other_ms=llama_ms - ms["llama", "linear"], ratio=llama_ms / tnn_ms, ceiling=llama_ms / floor_ms,
                 llama_static_step_ms=ms["llama static", "step"], ratio_static=ms["llama static", "step"] / tnn_ms,
                 budget_ms=llama_ms / args.target - floor_ms, spent_ms=tnn_ms - floor_ms,
-                beyond_linear=tnn_ms / floor_ms - 1, linear_calls=counts,
+                beyond_linear=tnn_ms / floor_ms - 1, beyond_linear_paired=quartiles, linear_calls=counts,
                 parameters=dict(tnn=count_parameters(tnn), llama=count_parameters(llama)),
                 spread={f"{model} {part}": timing.summary() for (model, part), timing in timings.items()})
 
 
+def paired_cell(quartiles: list[float]) -> str:
+    """``median% (q1-q3%)`` of the per-round ratios."""
+    q1, median, q3 = (100 * value for value in quartiles)
+    return f"{median:.1f}% ({q1:.1f}-{q3:.1f}%)"
+
+
 def table(rows: list[dict], target: float) -> str:
     lines = ["| rung | TNN step | TNN linear | TNN state | TNN other | Llama step | Llama linear | Llama other | "
-             f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) | TNN beyond linear | Llama static step | "
-             "ratio (static) |",
-             "|" + "---|" * 14]
+             f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) | TNN beyond linear | paired (q1-q3) | "
+             "Llama static step | ratio (static) |",
+             "|" + "---|" * 15]
     for row in rows:
         lines.append(
             f"| {row['rung']} b{row['batch']} @{row['context']} | {row['tnn_step_ms']:.2f} | "
             f"{row['tnn_linear_ms']:.2f} | {row['tnn_state_ms']:.2f} | {row['tnn_other_ms']:.2f} | "
             f"{row['llama_step_ms']:.2f} | {row['llama_linear_ms']:.2f} | {row['llama_other_ms']:.2f} | "
             f"{row['ratio']:.2f}x | {row['ceiling']:.2f}x | {row['spent_ms']:.2f} ({row['budget_ms']:.2f}) | "
-            f"{100 * row['beyond_linear']:.1f}% | {row['llama_static_step_ms']:.2f} | {row['ratio_static']:.2f}x |")
+            f"{100 * row['beyond_linear']:.1f}% | {paired_cell(row['beyond_linear_paired'])} | "
+            f"{row['llama_static_step_ms']:.2f} | {row['ratio_static']:.2f}x |")
     return (f"Milliseconds per decode step: each timed call runs {DECODE_TOKENS} consecutive steps (the compact state's "
             "folds among them), divided by their number; medians of interleaved rounds. linear: the step's nn.Linear "
             "calls alone; "
             "state: TNN's decoding-state steps; other: the rest (norms, gating, attention and its cache, Python). "
             "ceiling: Llama's step over TNN's linear floor. TNN beyond linear: its step over its linear calls, minus "
-            "one. Llama's step and ratio are with transformers' default "
+            "one; paired: the median (and quartiles) of that ratio within each round. Llama's step and ratio are with transformers' default "
             "DynamicCache (the ladder's); static: with a StaticCache of the same keys and values.\n\n"
             + "\n".join(lines) + "\n")
 
