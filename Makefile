@@ -72,7 +72,7 @@ test-oldest: $(OLDEST_VENV)/.installed  ## the fast suite on the oldest supporte
 glue: install  ## GLUE: pretrain a small TNN and a BERT of matched size (MLM), finetune both on every local GLUE task
 	$(PY) run_scripts/glue_recipe.py --results_dir results/glue
 
-bench: install  ## every results/bench_* folder regenerated (about an hour and a half on 2 idle cores; run on an idle machine)
+bench: install  ## every results/bench_* folder regenerated (about an hour and three quarters on 2 idle cores; run on an idle machine)
 	$(PY) run_scripts/bench_all.py --results_root results
 	$(PY) run_scripts/render_docs.py
 

@@ -174,8 +174,9 @@ def table(rows: list[dict], target: float) -> str:
             "calls alone; "
             "state: TNN's decoding-state steps; other: the rest (norms, gating, attention and its cache, Python). "
             "ceiling: Llama's step over TNN's linear floor. TNN beyond linear: its step over its linear calls, minus "
-            "one; paired: the median (and quartiles) of that ratio within each round. Llama's step and ratio are with transformers' default "
-            "DynamicCache (the ladder's); static: with a StaticCache of the same keys and values.\n\n"
+            "one; paired: the median (and quartiles) of that ratio within each round. Llama's step and ratio are "
+            "with transformers' default DynamicCache (the ladder's); static: with a StaticCache of the same keys "
+            "and values.\n\n"
             + "\n".join(lines) + "\n")
 
 

@@ -1,6 +1,6 @@
 """What ``make bench`` runs: every ``results/bench_*`` folder, each from one benchmark command, one after another,
-one torch thread each. Sized to finish in about an hour and a half on 2 idle cores (estimated from the step times of the
-published results; the run prints its own total). ``--quick`` runs the same commands at toy sizes (about nine
+one torch thread each. Sized to finish in about an hour and three quarters on 2 idle cores (estimated from the step
+times of the published results; the run prints its own total). ``--quick`` runs the same commands at toy sizes (about nine
 minutes on a busy 2-core machine): it shows every benchmark works, its numbers mean nothing.
 
     python run_scripts/bench_all.py                                   # make bench: regenerates results/bench_*
@@ -75,10 +75,13 @@ PLAN = (
                                           "--streamer_points", "1x256,1x2048,8x256,8x2048", "--streamer_rounds", "2",
                                           "--compiled", "0"), GENERATION_QUICK),
     Step("bench_decode_profile", GENERATION, ("--profile_only", "1"), (*GENERATION_QUICK, "--profile_only", "1")),
-    # A decode step's parts (the weights' read, TNN's state, the rest) on the scale ladder's models (15 minutes in
-    # the published run: each timed call runs 16 steps).
-    Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M"),
+    # A decode step's parts (the weights' read, TNN's state, the rest) on the scale ladder's models (24 minutes in
+    # the published run: 40 rounds, each timed call 16 steps); the same at batch 8 after 256 tokens, 350M (10 minutes).
+    Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M", "--rounds", "40"),
          ("--rungs", "tiny-32", "--context", "64", "--rounds", "2")),
+    Step("bench_decode_floor_b8", "run_scripts/bench_decode_floor.py",
+         ("--rungs", "350M", "--batch", "8", "--context", "256", "--rounds", "10"),
+         ("--rungs", "tiny-32", "--batch", "2", "--context", "32", "--rounds", "1")),
     # Prefill against the plain forward and Llama, chunked against one shot (6M, 48.7M and 125M), 32,768 tokens (6M
     # and 48.7M; 43 minutes in the published run).
     Step("bench_prefill", "run_scripts/bench_prefill.py", ("--rungs", "6M,48.7M,125M"), ("--quick",)),
