@@ -163,3 +163,39 @@ def test_a_chunk_at_rows_own_positions_equals_each_row_alone(host, monkeypatch):
     together = torch.cat([out, step[:, None]], dim=1)
     for row in range(len(prompts)):
         torch.testing.assert_close(together[row:row + 1], alone[row], atol=1e-6, rtol=1e-5)
+
+
+def test_a_fold_of_grouped_channels_gives_the_modes_and_readout_rows_in_channel_order():
+    """Channels in two shared pole groups and channels with poles of their own, in a shuffled order (the group order
+    is not the channel order): a fold of K inputs and its readout rows, written into the window's readout view,
+    equal the float64 brute force ``g' = z**K g + sum_k c z**(K-1-k) u_k``, ``Re(sum_j z_j**e g'_j)``."""
+    from modeling_tnn.decoding_fold import fold_in, fold_tables, to_channel_order, to_group_order, write_readout
+    from modeling_tnn.fit_store import pole_groups
+
+    generator = torch.Generator().manual_seed(0)
+    shared = torch.polar(0.5 + 0.45 * torch.rand(6, generator=generator), 3 * torch.rand(6, generator=generator))
+    own = torch.polar(0.5 + 0.45 * torch.rand(5, 6, generator=generator), 3 * torch.rand(5, 6, generator=generator))
+    poles = torch.cat([shared.expand(9, -1), own, (shared.flip(0) * 0.9).expand(10, -1), shared.expand(3, -1)])[
+        torch.randperm(27, generator=generator)].to(torch.complex64)
+    residues = torch.randn(27, 6, dtype=torch.complex64, generator=generator)
+    groups = pole_groups(poles)
+    fold_every, b = 5, 2
+    tables = fold_tables(poles, residues, groups, fold_every)
+    assert not tables.identity and [run.shared for run in tables.runs] == [True, True, False]
+    g = torch.randn(b, 27, 6, dtype=torch.complex64, generator=generator)
+    inputs = torch.randn(b, fold_every, 27, generator=generator)
+
+    modes = to_group_order(g, tables)
+    fold_in(modes, inputs, tables)
+    window = torch.zeros(b, 3 + fold_every, 27)
+    write_readout(window[:, 3:], modes, tables)
+
+    z, c = poles.to(torch.complex128), residues.to(torch.complex128)
+    ages = torch.arange(fold_every - 1, -1, -1, dtype=torch.float64)
+    sums = torch.einsum("kcr,bkc->bcr", z[None] ** ages[:, None, None], inputs.to(torch.complex128))
+    expected = z ** fold_every * g.to(torch.complex128) + c * sums
+    rows = torch.einsum("ecr,bcr->bec", z[None] ** torch.arange(fold_every, dtype=torch.float64)[:, None, None],
+                        expected).real
+    torch.testing.assert_close(to_channel_order(modes, tables).to(torch.complex128), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(window[:, 3:].double(), rows, atol=1e-5, rtol=1e-5)
+    assert not window[:, :3].any()  # the ring's rows untouched
