@@ -152,9 +152,10 @@ def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int,
 
 
 def frontier(seen: int | torch.Tensor, capacity: int, fold_every: int) -> int | torch.Tensor:
-    """How many of the first ``seen`` inputs the modes hold (a count, or a tensor of counts): the largest multiple of ``fold_every`` that leaves at
-    least ``capacity`` inputs out (0 before that). Folds happen at the same positions whatever the prompt's length, so
-    a step knows from its position alone whether it folds and which readout row it reads."""
+    """How many of the first ``seen`` inputs the modes hold (a count, or a tensor of counts): the largest multiple of
+    ``fold_every`` that leaves at least ``capacity`` inputs out (0 before that). Folds happen at the same positions
+    whatever the prompt's length, so a step knows from its position alone whether it folds and which readout row it
+    reads."""
     front = fold_every * ((seen - capacity) // fold_every)
     return front.clamp_min(0) if isinstance(front, torch.Tensor) else max(0, front)
 
