@@ -218,8 +218,12 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
     if v.shape[1] == 1:
         if not state.fixed_shapes:
             states = state.reserve(mixer, states, seen)
-        out, after = state.step(states, v[:, 0], positions)
-        out = as_dtype(out[:, None], v.dtype)
+        if state.STEPS_TOKEN_ROWS:
+            out, after = state.step(states, v, positions)
+        else:
+            out, after = state.step(states, v[:, 0], positions)
+            out = out[:, None]
+        out = as_dtype(out, v.dtype)
     else:  # several new tokens on a filled state: their own part in parallel, plus what the past contributes
         out, after = state.chunk(mixer, states, v, positions)
     if after is not states:

@@ -229,27 +229,32 @@ def fold_oldest(window: torch.Tensor, modes: torch.Tensor, end: int, plan: Compa
 
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
                  plan: CompactState) -> torch.Tensor:
-    """In place: ``v_t`` (b, c) takes its ring slot; every ``K`` positions the K oldest inputs of the ring enter the
-    modes (:func:`frontier`) and the readout rows are renewed; the output is the ring read against the taps plus the
-    readout row of the position. Between folds a step is three operators on (W + K, c) rows: the modes are not
-    touched. Rows at their own positions (a tensor) fold where their position says: on the CPU only the rows that
-    fold compute it; elsewhere every row's fold is computed and kept where the row folds (:func:`reads_rows_on_host`)."""
-    capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
+    """In place: ``v_t`` (b, c), or a token row (b, 1, c) (the output keeps its shape), takes its ring slot; every
+    ``K`` positions the K oldest inputs of the ring enter the modes (:func:`frontier`) and the readout rows are
+    renewed; the output is the ring read against the taps plus the readout row of the position. Between folds a step
+    is a few operators on (W + K, c) rows: the modes are not touched. Rows at their own positions (a tensor) fold
+    where their position says: on the CPU only the rows that fold compute it; elsewhere every row's fold is computed
+    and kept where the row folds (:func:`reads_rows_on_host`)."""
+    capacity, fold_every = plan.capacity, plan.fold_every
     length = capacity + fold_every
+    keepdim = v_t.dim() == 3
     slot = ring_slot(positions, length)
     slot_write(window, slot, v_t)  # a ring slot: the window's first rows are the ring
     if not isinstance(positions, torch.Tensor):  # a count (an int, or a size under export)
         phase = (positions + 1 - capacity) % fold_every
         if phase == 0:
             fold_oldest(window, modes, positions + 1 - capacity, plan)
+        row = length + phase
+        readout = window[:, row:row + 1] if keepdim else window[:, row]
         filled = min(positions + 1, length)
-        return window_read(window[:, :length], slot_taps(plan.taps_twice, slot), filled) + window[:, length + phase]
+        return window_read(window[:, :length], plan.slot_taps(slot), filled, keepdim) + readout
     ring, readout = window[:, :length], window[:, length:]
     b, _, c = ring.shape
     phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
     folds = phase == 0
     index = row_slots(positions + 1 - capacity - fold_every, fold_every, length).expand(b, fold_every)
     index = index[..., None].expand(b, fold_every, c)
+    tables = plan.fold_tables()
     if reads_rows_on_host(positions):  # fold the rows that fold alone (most steps none)
         rows = folds.nonzero()[:, 0]
         if rows.numel():
@@ -261,8 +266,8 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
         modes.copy_(torch.where(folds[:, None, None, None], folded, modes))
         readout.copy_(torch.where(folds[:, None, None], readout_rows(folded, tables), readout))
         ring.scatter_(1, index, leaving * ~folds[:, None, None])
-    row = readout.gather(1, phase[:, None, None].expand(b, 1, c))[:, 0]
-    return window_read(ring, slot_taps(plan.taps_twice, slot), length) + row
+    row = readout.gather(1, phase[:, None, None].expand(b, 1, c))
+    return window_read(ring, plan.slot_taps(slot), length, keepdim) + (row if keepdim else row[:, 0])
 
 
 def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
@@ -332,6 +337,7 @@ class CompactState(DecodingState):
 
     PLAN = "compact"
     CONSTANTS = ("poles", "residues", "taps_twice", "channel_order", "channel_rank")
+    STEPS_TOKEN_ROWS = True
 
     capacity: int = 0
     modes: int = 0
@@ -350,6 +356,17 @@ class CompactState(DecodingState):
         self._groups = (None if self.channel_order is None
                         else PoleGroups(self.channel_order, self.channel_rank, tuple(self.shared_groups)))
         self._fold = None
+        self._tap_views = None
+
+    def slot_taps(self, slot: int | torch.Tensor) -> torch.Tensor:
+        """:func:`~.decoding_window.slot_taps` of the ring's taps; for an int slot one of W + K views made once (a
+        step at batch 1 is bound by its operator calls)."""
+        if type(slot) is not int:
+            return slot_taps(self.taps_twice, slot)
+        if self._tap_views is None or self._tap_views[0] is not self.taps_twice:
+            views = [slot_taps(self.taps_twice, s) for s in range(self.capacity + self.fold_every)]
+            self._tap_views = (self.taps_twice, views)
+        return self._tap_views[1][slot]
 
     def fold_tables(self) -> FoldTables:
         """The powers a fold reads (:func:`~.decoding_fold.fold_tables`), built once."""

@@ -52,6 +52,9 @@ class DecodingState:
 
     #: The context length up to which the state decodes exactly (None: every length).
     horizon: ClassVar[int | None] = None
+    #: Whether :meth:`step` also takes a token row ``v_t`` (b, 1, c) and returns its output as one (b, 1, c): the
+    #: cache then passes the layer's input as it is (no select and unsqueeze around every step).
+    STEPS_TOKEN_ROWS: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -74,7 +77,8 @@ class DecodingState:
         raise NotImplementedError
 
     def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
-        """One token's mixer input ``v_t`` (b, c) after ``positions`` tokens: its output (b, c) and the states."""
+        """One token's mixer input ``v_t`` (b, c) after ``positions`` tokens: its output (b, c) and the states (a
+        state that sets :attr:`STEPS_TOKEN_ROWS` takes ``v_t`` (b, 1, c) too, and returns (b, 1, c) for it)."""
         raise NotImplementedError
 
     def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,

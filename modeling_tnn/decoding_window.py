@@ -62,7 +62,7 @@ def window_prefill(v: torch.Tensor, positions: Positions, capacity: int) -> torc
 def ring_history(buffer: torch.Tensor, positions: Positions) -> torch.Tensor:
     """Every slot of a ring after ``positions`` tokens, oldest first (b, W, c): zeros before a row's first token."""
     b, capacity, c = buffer.shape
-    if isinstance(positions, int):
+    if not isinstance(positions, torch.Tensor):  # a count (an int, or a size under export)
         return buffer[:, ring_order(positions, capacity, capacity, buffer.device)]
     slots = row_slots(positions - capacity, capacity, capacity).expand(b, capacity)
     return buffer.gather(1, slots[..., None].expand(b, capacity, c))
@@ -77,12 +77,17 @@ def window_history(buffer: torch.Tensor, positions: Positions) -> torch.Tensor:
 
 
 def slot_write(buffer: torch.Tensor, slot: int | torch.Tensor, value: torch.Tensor) -> None:
-    """``buffer[r, slot[r]] = value[r]`` in place."""
+    """``buffer[r, slot[r]] = value[r]`` in place, ``value`` (b, c) or a token row (b, 1, c)."""
+    row = value.dim() == 3
     if isinstance(slot, int):
-        buffer[:, slot] = value
+        if row:
+            buffer[:, slot:slot + 1] = value
+        else:
+            buffer[:, slot] = value
         return
     b, _, c = buffer.shape
-    buffer.scatter_(1, slot.expand(b)[:, None, None].expand(b, 1, c), value[:, None].to(buffer.dtype))
+    rows = value if row else value[:, None]
+    buffer.scatter_(1, slot.expand(b)[:, None, None].expand(b, 1, c), rows.to(buffer.dtype))
 
 
 def slot_taps(taps_twice: torch.Tensor, slot: int | torch.Tensor) -> torch.Tensor:
@@ -97,9 +102,9 @@ def slot_taps(taps_twice: torch.Tensor, slot: int | torch.Tensor) -> torch.Tenso
     return taps_twice.index_select(0, rows.flatten()).view(*rows.shape, taps_twice.shape[1])
 
 
-def window_read(buffer: torch.Tensor, taps: torch.Tensor, filled: int) -> torch.Tensor:
-    """``sum_j buffer[:, j] * taps[..., j, :]`` over the first ``filled`` slots, (b, c); ``taps`` from
-    :func:`slot_taps`."""
+def window_read(buffer: torch.Tensor, taps: torch.Tensor, filled: int, keepdim: bool = False) -> torch.Tensor:
+    """``sum_j buffer[:, j] * taps[..., j, :]`` over the first ``filled`` slots, (b, c), or (b, 1, c) with
+    ``keepdim``; ``taps`` from :func:`slot_taps`."""
     capacity = buffer.shape[1]
     if filled < capacity:  # no wrap yet: slots 0 .. position, a contiguous block of rows
         buffer, taps = buffer[:, :filled], taps[..., :filled, :]
@@ -108,10 +113,10 @@ def window_read(buffer: torch.Tensor, taps: torch.Tensor, filled: int) -> torch.
     # rows), in row chunks: a fresh temporary of the window's size costs page faults (4-10x slower at batch 8).
     rows = max(1, READ_CHUNK_ELEMENTS // (b * c))
     if rows >= width:
-        return (buffer * taps).sum(1)
-    out = buffer.new_zeros(b, c)
+        return (buffer * taps).sum(1, keepdim=keepdim)
+    out = buffer.new_zeros(b, 1, c) if keepdim else buffer.new_zeros(b, c)
     for start in range(0, width, rows):
-        out += (buffer[:, start:start + rows] * taps[..., start:start + rows, :]).sum(1)
+        out += (buffer[:, start:start + rows] * taps[..., start:start + rows, :]).sum(1, keepdim=keepdim)
     return out
 
 
@@ -121,13 +126,13 @@ def ring_slot(positions: Positions, capacity: int) -> int | torch.Tensor:
 
 
 def window_step(buffer: torch.Tensor, taps_twice: torch.Tensor, v_t: torch.Tensor, positions: Positions) -> torch.Tensor:
-    """Write ``v_t`` (b, c) into the ring at each row's slot and read the ring: the exact mixer output over the
-    inputs it holds (in place)."""
+    """Write ``v_t`` (b, c), or a token row (b, 1, c), into the ring at each row's slot and read the ring: the exact
+    mixer output over the inputs it holds (in place), of ``v_t``'s shape."""
     capacity = buffer.shape[1]
     slot = ring_slot(positions, capacity)
     slot_write(buffer, slot, v_t)
     filled = min(positions + 1, capacity) if isinstance(positions, int) else capacity  # unwritten slots hold zeros
-    return window_read(buffer, slot_taps(taps_twice, slot), filled)
+    return window_read(buffer, slot_taps(taps_twice, slot), filled, v_t.dim() == 3)
 
 
 def in_place(old: States, new: States) -> States:
@@ -144,6 +149,7 @@ class WindowState(DecodingState):
 
     PLAN = "window"
     CONSTANTS = ("taps_twice",)
+    STEPS_TOKEN_ROWS = True
 
     capacity: int | None = None
     taps_twice: torch.Tensor | None = None  # (2 W, c): reversed_taps of the buffer's width

@@ -16,10 +16,14 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 
+def apply_mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``x * mask[..., None]`` (``mask`` (b, n) or None: ``x`` itself)."""
+    return x if mask is None else x * mask[..., None].to(x.dtype)
+
+
 def silu_mask(pre: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``silu(pre) * mask[..., None]`` (``mask`` (b, n) or None), the GTU's mixer input: the plain composition."""
-    x = F.silu(pre)
-    return x if mask is None else x * mask[..., None].to(x.dtype)
+    return apply_mask(F.silu(pre), mask)
 
 
 class SiluMask:

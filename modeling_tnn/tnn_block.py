@@ -13,7 +13,7 @@ from .decoding_cache import TnnCache, mix_with_cache
 from .mixer_base import TokenMixer
 from .ops_dispatch import fuses_gating
 from .ops_documents import DocumentLayout
-from .ops_fused_gating import SiluMask, silu_gate, silu_mask
+from .ops_fused_gating import SiluMask, apply_mask, silu_gate, silu_mask
 from .rpe import SimpleRMSNorm
 from .runtime import as_dtype, compute_dtype
 from .tno_dense import DenseTno
@@ -43,20 +43,22 @@ class Gtu(nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
+        if cache is not None:  # decoding: both halves through one silu (a step is bound by its operator calls)
+            u, v = F.silu(self.uv_proj(x)).chunk(2, dim=-1)
+            mixed = mix_with_cache(self.token_mixer, apply_mask(v, attention_mask), attention_mask,
+                                   cache.layers[self.layer_idx], cache)
+            return self.o_proj(u * as_dtype(mixed, u.dtype))
         u_pre, v_pre = self.uv_proj(x).chunk(2, dim=-1)
-        return self.o_proj(self.gate(u_pre, v_pre, attention_mask, cache, documents))
+        return self.o_proj(self.gate(u_pre, v_pre, attention_mask, documents))
 
     def gate(self, u_pre: torch.Tensor, v_pre: torch.Tensor, attention_mask: torch.Tensor | None = None,
-             cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
-        """``silu(u_pre) * token_mixer(silu(v_pre) * mask)``: through the fused ops where
+             documents: DocumentLayout | None = None) -> torch.Tensor:
+        """``silu(u_pre) * token_mixer(silu(v_pre) * mask)`` without a cache: through the fused ops where
         ops_dispatch.fuses_gating says so, else the plain composition; the same values either way. With
-        ``documents`` (a packed batch, never with a cache) each document is mixed alone."""
-        lean = cache is None and fuses_gating(u_pre, v_pre, self.token_mixer.recompute_spectra)
+        ``documents`` (a packed batch) each document is mixed alone."""
+        lean = fuses_gating(u_pre, v_pre, self.token_mixer.recompute_spectra)
         if lean and v_pre.dtype == compute_dtype(v_pre.dtype):  # silu * mask inside the mixer's operator
             mixed = self.token_mixer(v_pre, attention_mask, SiluMask(attention_mask), documents)
-        elif cache is not None:  # decoding: the recurrent state mixes the gated, masked input
-            mixed = mix_with_cache(self.token_mixer, silu_mask(v_pre, attention_mask), attention_mask,
-                                   cache.layers[self.layer_idx], cache)
         else:
             mixed = self.token_mixer(silu_mask(v_pre, attention_mask), attention_mask, documents=documents)
         mixed = as_dtype(mixed, u_pre.dtype)
@@ -104,11 +106,16 @@ class TnnBlock(GradientCheckpointingLayer):
                 cache: TnnCache | None = None, documents: DocumentLayout | None = None) -> torch.Tensor:
         if self.post_norm:
             hidden_states = self.token_norm(
-                hidden_states + self.dropout(self.gtu(hidden_states, attention_mask, cache, documents)))
-            return self.channel_norm(hidden_states + self.dropout(self.glu(hidden_states)))
-        hidden_states = hidden_states + self.dropout(
+                hidden_states + self._drop(self.gtu(hidden_states, attention_mask, cache, documents)))
+            return self.channel_norm(hidden_states + self._drop(self.glu(hidden_states)))
+        hidden_states = hidden_states + self._drop(
             self.gtu(self.token_norm(hidden_states), attention_mask, cache, documents))
-        return hidden_states + self.dropout(self.glu(self.channel_norm(hidden_states)))
+        return hidden_states + self._drop(self.glu(self.channel_norm(hidden_states)))
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        """The branch's dropout, not called in eval mode (where it is the identity): a module call is a few us of a
+        decoding step."""
+        return self.dropout(x) if self.training else x
 
 
 def build_final_norm(config: TnnConfig) -> nn.Module:
