@@ -227,6 +227,13 @@ def fold_oldest(window: torch.Tensor, modes: torch.Tensor, end: int, plan: Compa
     write_readout(window[:, length:], modes, tables)
 
 
+def leaving_slots(positions: torch.Tensor, b: int, c: int, plan: CompactState) -> torch.Tensor:
+    """(b, K, c) ring slots of the K inputs each row's fold at ``positions`` (b,) or (1,) moves into the modes."""
+    fold_every, length = plan.fold_every, plan.capacity + plan.fold_every
+    index = row_slots(positions + 1 - plan.capacity - fold_every, fold_every, length).expand(b, fold_every)
+    return index[..., None].expand(b, fold_every, c)
+
+
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
                  plan: CompactState) -> torch.Tensor:
     """In place: ``v_t`` (b, c), or a token row (b, 1, c) (the output keeps its shape), takes its ring slot; every
@@ -252,14 +259,13 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     b, _, c = ring.shape
     phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
     folds = phase == 0
-    index = row_slots(positions + 1 - capacity - fold_every, fold_every, length).expand(b, fold_every)
-    index = index[..., None].expand(b, fold_every, c)
     tables = plan.fold_tables()
     if reads_rows_on_host(positions):  # fold the rows that fold alone (most steps none)
         rows = folds.nonzero()[:, 0]
         if rows.numel():
-            fold_rows(ring, readout, modes, index, rows, tables)
+            fold_rows(ring, readout, modes, leaving_slots(positions, b, c, plan), rows, tables)
     else:  # no host read on an accelerator: every row's fold computed, kept where the row folds
+        index = leaving_slots(positions, b, c, plan)
         leaving = ring.gather(1, index)
         folded = modes.clone()
         fold_in(folded, leaving, tables)
