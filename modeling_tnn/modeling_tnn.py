@@ -196,7 +196,7 @@ class TnnModel(TnnPreTrainedModel):
         hidden_states = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
         if self.config.embedding_layer_norm:
             hidden_states = self.embedding_norm(hidden_states)
-        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.dropout(hidden_states) if self.training else hidden_states  # a module call a step
         if cache is not None and not tracing():
             with cache.updating():  # a forward that fails part way leaves a cache no later call may read
                 hidden_states, all_hidden_states = self._blocks(hidden_states, attention_mask, cache, documents,
