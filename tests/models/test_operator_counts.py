@@ -1,6 +1,7 @@
 """The operators a training step records: TNN's forward + backward within 1.5x transformers' GPT-2's on both mixer
 paths, the FFT one at the small-GPT size and the direct product (the training benchmark's ``--count_ops``, counted as
-an accelerator would launch them), and the dropout that records nothing where it is the identity."""
+an accelerator would launch them), the dropout that records nothing where it is the identity, and the operators of a
+decode step between folds, counted."""
 
 from __future__ import annotations
 
@@ -39,3 +40,35 @@ def test_step_records_at_most_one_and_a_half_times_gpt2s_operators(argv, direct)
     rows = {row["model"]: row for row in bench.count_ops(args)}
     tnn, gpt2 = rows["tnn-dense"]["forward_backward_one_chunk"], rows["gpt2"]["forward_backward_one_chunk"]
     assert tnn <= 1.5 * gpt2, f"TNN records {tnn} aten ops forward + backward, GPT-2 {gpt2}: {tnn / gpt2:.3f}x"
+
+
+# A decode step between folds, per layer: two norms (3 each), one silu and a chunk per GTU and GLU, the ring's write
+# (slice + copy_), the ring and readout-row views, its read (mul, sum) and the row's add, two gating products and two
+# residual adds; per step: the embedding, its scale, the final norm and the cache's counter.
+DECODE_OPS_PER_LAYER, DECODE_OPS_PER_STEP = 21, 4
+
+
+def test_a_decode_step_records_its_counted_operators_besides_the_linear_calls():
+    """At batch 1 a step is bound by its operator calls (each pays a cold start after a Linear's weight stream): one
+    more per layer is a regression this catches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from modeling_tnn import TnnForCausalLM
+    from tests.support import tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config("dense", decay_gamma=0.9, generation_cache="compact")
+    model = TnnForCausalLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 96))
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).cache
+        plan, token = cache.layers[0].state, ids[:, -1:]
+        assert plan.capacity + plan.fold_every < ids.shape[1]  # the ring is full: no partial read
+        model(token, cache=cache)  # the plan's views are made at the first step
+        while (cache.get_seq_length() + 1 - plan.capacity) % plan.fold_every == 0:
+            model(token, cache=cache)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(token, cache=cache)
+    names = [event.name for event in prof.events() if event.cpu_parent is None]
+    others = len(names) - names.count("aten::linear")
+    assert others <= DECODE_OPS_PER_LAYER * config.num_hidden_layers + DECODE_OPS_PER_STEP, names
