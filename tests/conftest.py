@@ -1,15 +1,17 @@
 """Shared fixtures: the test device, the shared data folder, a tokenizer trained on the fly, a fixed seed and one
-thread per test, the mixers' two convolution paths. Plain helpers live in support.py."""
+thread per test, the mixers' two convolution paths, the long subprocesses started at the session's first test. Plain
+helpers live in support.py."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from .support import data_dir
+from .support import AT_SESSION_START, Started, data_dir, stop_all
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +35,15 @@ def tokenizer():
     from modeling_tnn.recipes.pretraining.tokenizer import train_byte_level_bpe
 
     return train_byte_level_bpe(embedded_corpus()[:20], vocab_size=300)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def started_at_session_start(request: pytest.FixtureRequest) -> Iterator[dict[str, Started]]:
+    """The subprocesses of support.AT_SESSION_START that the selected tests wait for, by fixture name: started before
+    the first test, they run on the core the suite's one-thread tests leave free."""
+    started = AT_SESSION_START.start_needed(request)
+    yield started
+    stop_all(started)
 
 
 @pytest.fixture(autouse=True)

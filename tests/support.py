@@ -1,7 +1,8 @@
 """Helpers the tests share (fixtures live in conftest.py): the project root, the mixers, tiny configs and models,
 padded batches and a model's main output, the data folder, the bytes autograd saves, run_scripts/ entry points' main,
 the extractive-QA recipe answers are checked with, the dtypes a training step really runs in, the pretraining
-recipe's tiny runs, and the import cycles of a package."""
+recipe's tiny runs, the import cycles of a package, and the long subprocesses started before their tests wait for
+them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
@@ -20,6 +23,9 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from modeling_tnn import TnnForCausalLM, TnnForMaskedLM, load_preset
+
+if TYPE_CHECKING:
+    import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = PROJECT_ROOT / "run_scripts"
@@ -327,3 +333,63 @@ def import_cycles(package_dir: Path, exclude: Callable[[str], bool] = lambda nam
                     queue.append(target)
         cycles.append(paths[queue[0]] + [name])
     return cycles
+
+
+@dataclass
+class Started:
+    """A subprocess started before the fixture that waits for it, its output going to ``log``; ``inputs``: what that
+    fixture needs to know of what it was started on."""
+    process: subprocess.Popen
+    log: Path
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+class EarlyStarts:
+    """Starters of long subprocesses (mostly one core each, while pytest waits on the other), by the name of the
+    fixture that waits for each: the test modules register them when imported; :meth:`start_needed` starts those the
+    selected tests need, so that they run beside other work instead of queueing."""
+
+    def __init__(self) -> None:
+        self.starters: dict[str, Callable[[pytest.FixtureRequest], Started]] = {}
+
+    def register(self, fixture_name: str) -> Callable:
+        """A decorator: the starter of the process that fixture ``fixture_name`` waits for."""
+        def add(start: Callable[[pytest.FixtureRequest], Started]) -> Callable[[pytest.FixtureRequest], Started]:
+            self.starters[fixture_name] = start
+            return start
+        return add
+
+    def start_needed(self, request: pytest.FixtureRequest) -> dict[str, Started]:
+        """Runs the starters whose fixture a selected test uses (``request``: a session fixture's)."""
+        import pytest
+
+        if hasattr(request.config, "workerinput"):  # a pytest-xdist worker collects every test, runs only some
+            return {}
+        needed = {name for item in request.session.items for name in item.fixturenames}
+        started = {}
+        for name, start in self.starters.items():
+            try:
+                if name in needed:
+                    started[name] = start(request)
+            except pytest.skip.Exception:  # (vLLM not installed) skipped where its fixture starts it: in its tests
+                pass
+        return started
+
+    def take(self, name: str, started: dict[str, Started], request: pytest.FixtureRequest) -> Started:
+        """The process started early for fixture ``name``, or, where none was, one started now (added to ``started``,
+        which :func:`stop_all` is given at the end)."""
+        if name not in started:
+            started[name] = self.starters[name](request)
+        return started[name]
+
+
+def stop_all(started: dict[str, Started]) -> None:
+    """Kills those still running (their tests failed or were not reached)."""
+    for each in started.values():
+        if each.process.poll() is None:
+            each.process.kill()
+            each.process.wait()
+
+
+# Started at the session's first test (tests/conftest.py): waited for by a test that runs much later.
+AT_SESSION_START = EarlyStarts()

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ from modeling_tnn.recipes.benchmarks.reference_models import (
     matched_mlp_width,
 )
 
-from tests.support import PROJECT_ROOT, tiny_config
+from tests.support import AT_SESSION_START, PROJECT_ROOT, Started, tiny_config
 
 
 class FakeClock:
@@ -270,17 +271,39 @@ def test_only_the_harness_reads_the_clock():
                        "modeling_tnn/serving/bench_engine.py"}
 
 
+@AT_SESSION_START.register("bench_compare")
+def start_bench_compare(request: pytest.FixtureRequest) -> Started:
+    """bench_compare.py of HEAD against itself, started at the session's first test: its ~15 s of checkouts and
+    benchmark processes then run beside the suite's in-process tests. (HEAD as the run started is the one its record
+    must name.)"""
+    output_dir = request.getfixturevalue("tmp_path_factory").mktemp("bench_compare")
+    log = output_dir.parent / f"{output_dir.name}.log"
+    head = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    with open(log, "w") as output:
+        process = subprocess.Popen([sys.executable, "run_scripts/bench_compare.py", "--base", "HEAD", "--head", "HEAD",
+                                    "--benchmarks", "small_gpt_step", "--rounds", "2", "--output_dir",
+                                    str(output_dir)], cwd=PROJECT_ROOT, stdout=output, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    return Started(process, log, {"output_dir": output_dir, "head": head})
+
+
+@pytest.fixture
+def bench_compare(started_at_session_start,
+                  request: pytest.FixtureRequest) -> tuple[subprocess.Popen, str, Path, subprocess.CompletedProcess]:
+    """bench_compare.py's process once it ended, its output, its output folder and ``git rev-parse HEAD`` as it
+    started."""
+    started = AT_SESSION_START.take("bench_compare", started_at_session_start, request)
+    started.process.wait(timeout=580)
+    return started.process, started.log.read_text(), started.inputs["output_dir"], started.inputs["head"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_compare_runs_two_commits_and_tables_both(tmp_path):
-    head = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+def test_bench_compare_runs_two_commits_and_tables_both(bench_compare):
+    done, output, tmp_path, head = bench_compare
     if head.returncode:
         pytest.skip("not a git checkout")
-    done = subprocess.run([sys.executable, "run_scripts/bench_compare.py", "--base", "HEAD", "--head", "HEAD",
-                           "--benchmarks", "small_gpt_step", "--rounds", "2", "--output_dir", str(tmp_path)],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=580,
-                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, output[-3000:]
     record = json.loads((tmp_path / "results.json").read_text())
     (run,) = record["results"]["runs"]
     assert [side["commit"] for side in run["sources"]] == [head.stdout.strip()] * 2

@@ -1,5 +1,6 @@
 """What the serving tests share: vLLM's venv (``make vllm-install``; the tests skip, saying so, only where it is not
-installed), saved TNN folders, running vllm_generate.py there, and transformers' reference on what vLLM generated."""
+installed), saved TNN folders, running vllm_generate.py there, and transformers' reference on what vLLM generated.
+The test modules start their vLLM processes at the session's first test (support.AT_SESSION_START)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 from modeling_tnn import TnnForCausalLM
-from tests.support import PROJECT_ROOT, tiny_config
+from tests.support import PROJECT_ROOT, Started, tiny_config
+
+from .vllm_generate import FOLDER_MARK
 
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
@@ -53,20 +56,33 @@ def save_folder(folder: Path, token_mixer: str, with_plan: bool, model_class: ty
     return folder
 
 
-def run_vllm(folder: Path, runs: list[dict], workdir: Path, engine: dict | None = None,
-             timeout: float = 600) -> subprocess.CompletedProcess:
-    """vllm_generate.py on ``folder`` with ``runs`` (prompts and sampling parameters each), from ``workdir`` (outside
-    the repository, as a user runs it); its results are in ``workdir / "results.json"``."""
+def start_vllm(folders: list[tuple[Path, list[dict]]], workdir: Path, engine: dict | None = None) -> Started:
+    """vllm_generate.py on each of ``folders`` in turn with its runs (prompts and sampling parameters each), from
+    ``workdir`` (outside the repository, as a user runs it); its results go to ``workdir / "results.json"``, its
+    output (vLLM's log and tracebacks, in the order written) to ``workdir / "vllm.log"``."""
     spec = workdir / "spec.json"
-    spec.write_text(json.dumps({"folder": str(folder), "engine": ENGINE if engine is None else engine, "runs": runs}))
-    return subprocess.run([str(require_vllm()), str(Path(__file__).with_name("vllm_generate.py")), str(spec),
-                           str(workdir / "results.json")], cwd=workdir, env=vllm_environment(), capture_output=True,
-                          text=True, timeout=timeout)
+    spec.write_text(json.dumps({"engine": ENGINE if engine is None else engine,
+                                "folders": [{"folder": str(folder), "runs": runs} for folder, runs in folders]}))
+    log = workdir / "vllm.log"
+    with open(log, "w") as output:  # a file, not a pipe: nobody reads the output until the process ends
+        process = subprocess.Popen([str(require_vllm()), str(Path(__file__).with_name("vllm_generate.py")),
+                                    str(spec), str(workdir / "results.json")], cwd=workdir, env=vllm_environment(),
+                                   stdout=output, stderr=subprocess.STDOUT)
+    return Started(process, log, {"workdir": workdir})
 
 
-def results(completed: subprocess.CompletedProcess, workdir: Path) -> dict:
-    assert completed.returncode == 0, completed.stderr[-6000:]
-    return json.loads((workdir / "results.json").read_text())
+def results(started: Started, timeout: float = 600) -> tuple[list[dict], str]:
+    """Once vllm_generate.py ends: one entry a folder (its runs' requests, or the error its engine's start raised),
+    and its output."""
+    started.process.wait(timeout=timeout)
+    output = started.log.read_text()
+    assert started.process.returncode == 0, output[-6000:]
+    return json.loads((started.inputs["workdir"] / "results.json").read_text())["folders"], output
+
+
+def folder_logs(output: str) -> list[str]:
+    """The output of each folder's engine (vLLM's processes for one folder end before the next folder's start)."""
+    return output.split(FOLDER_MARK)[1:]
 
 
 def teacher_forced_gaps(model: torch.nn.Module, prompt: list[int], generated: list[int],

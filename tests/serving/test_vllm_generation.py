@@ -1,17 +1,22 @@
-"""The model inside vLLM (vLLM's venv, a subprocess each): under continuous batching (4 running requests of 14,
-prompts prefilled in chunks of 256 tokens) greedy decoding of prompts from 1 to 2,000 tokens picks transformers'
-greedy tokens with its logprobs; a prompt alone gives what it gave among others; seeded sampling repeats. Dense with
-the plan saved beside the weights, FD saved without one. The bidirectional heads are refused, saying why."""
+"""The model inside vLLM (vLLM's venv, one subprocess starting an engine on each folder in turn): under continuous
+batching (4 running requests of 14, prompts prefilled in chunks of 256 tokens) greedy decoding of prompts from 1 to
+2,000 tokens picks transformers' greedy tokens with its logprobs; a prompt alone gives what it gave among others;
+seeded sampling repeats. Dense with the plan saved beside the weights, FD saved without one. The bidirectional heads
+are refused, saying why."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from modeling_tnn import TnnForMaskedLM
 
-from .harness import TOLERANCE, load_reference, require_vllm, results, run_vllm, save_folder, teacher_forced_gaps
+from tests.support import AT_SESSION_START, Started
+
+from .harness import (TOLERANCE, folder_logs, load_reference, results, save_folder, start_vllm,
+                      teacher_forced_gaps)
 
 pytestmark = pytest.mark.slow
 
@@ -25,20 +30,49 @@ def _prompts() -> list[list[int]]:
     return [[generator.randrange(1, 256) for _ in range(length)] for length in LENGTHS]
 
 
-@pytest.fixture(scope="module", params=[("dense", True), ("fd", False)], ids=["dense-with-plan", "fd-without-plan"])
-def served(request, tmp_path_factory):
-    """A folder, the prompts and vLLM's outputs: all prompts greedy together, the longest and the shortest alone,
+# The served folders by test id: (token mixer, saved with its decoding plan).
+SERVED = {"dense-with-plan": ("dense", True), "fd-without-plan": ("fd", False)}
+MASKED_LM = "masked-lm"
+
+
+@AT_SESSION_START.register("vllm_outputs")
+def start_generation(request: pytest.FixtureRequest) -> Started:
+    """One vLLM process for the served folders and the masked-LM one (each process spends ~10 s importing vLLM
+    before its engines start). Each served folder: all prompts greedy together, the longest and the shortest alone,
     the seeded sampling twice."""
-    require_vllm()
-    token_mixer, with_plan = request.param
-    workdir = tmp_path_factory.mktemp(f"vllm-{token_mixer}")
-    folder = save_folder(workdir / "model", token_mixer, with_plan)
+    workdir = request.getfixturevalue("tmp_path_factory").mktemp("vllm")
     prompts = _prompts()
     runs = [{"prompts": prompts, "sampling": GREEDY}, {"prompts": [prompts[-1]], "sampling": GREEDY},
             {"prompts": [prompts[0]], "sampling": GREEDY}, {"prompts": prompts[:6], "sampling": SEEDED},
             {"prompts": prompts[:6], "sampling": SEEDED}]
-    completed = run_vllm(folder, runs, workdir)
-    return folder, prompts, results(completed, workdir), completed.stdout + completed.stderr  # vLLM logs to stdout
+    folders = {name: save_folder(workdir / name, token_mixer, with_plan)
+               for name, (token_mixer, with_plan) in SERVED.items()}
+    folders[MASKED_LM] = save_folder(workdir / MASKED_LM, "dense", False, model_class=TnnForMaskedLM)
+    started = start_vllm([(folder, [] if name == MASKED_LM else runs) for name, folder in folders.items()], workdir)
+    started.inputs.update(folders=folders, prompts=prompts)
+    return started
+
+
+@pytest.fixture(scope="module")
+def vllm_outputs(started_at_session_start,
+                 request: pytest.FixtureRequest) -> dict[str, tuple[Path, list[list[int]], dict, str]]:
+    """By folder: the folder, the prompts, vLLM's outputs (or the error its engine's start raised) and the log of its
+    engine."""
+    started = AT_SESSION_START.take("vllm_outputs", started_at_session_start, request)
+    folders, prompts = started.inputs["folders"], started.inputs["prompts"]
+    outputs, output = results(started)
+    logs = folder_logs(output)
+    assert len(outputs) == len(logs) == len(folders), output[-6000:]
+    return {name: (folder, prompts, folder_outputs, log)
+            for (name, folder), folder_outputs, log in zip(folders.items(), outputs, logs)}
+
+
+@pytest.fixture(scope="module", params=list(SERVED))
+def served(request, vllm_outputs):
+    """A served folder, the prompts, vLLM's outputs and its engine's log."""
+    folder, prompts, outputs, log = vllm_outputs[request.param]
+    assert "error" not in outputs, outputs["error"][-6000:]
+    return folder, prompts, outputs, log
 
 
 def test_greedy_tokens_are_transformers_choices(served):
@@ -80,10 +114,8 @@ def test_the_plan_comes_from_the_folder(served):
     assert "TNN decoding states per request" in log
 
 
-def test_masked_lm_folder_is_refused_saying_why(tmp_path):
-    require_vllm()
-    folder = save_folder(tmp_path / "mlm", "dense", False, model_class=TnnForMaskedLM)
-    completed = run_vllm(folder, [], tmp_path)
-    assert completed.returncode != 0
-    log = completed.stdout + completed.stderr
-    assert "refuses this folder" in log and "not a causal language model" in log
+def test_masked_lm_folder_is_refused_saying_why(vllm_outputs):
+    _, _, outputs, log = vllm_outputs[MASKED_LM]
+    assert "runs" not in outputs  # its engine did not start
+    for said in (outputs["error"], log):
+        assert "refuses this folder" in said and "not a causal language model" in said

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.support import AT_SESSION_START, Started
+
 from .harness import require_vllm, save_folder, vllm_environment
 
 pytestmark = pytest.mark.slow
@@ -28,21 +30,30 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tokenizer):
+@AT_SESSION_START.register("server")
+def start_server(request: pytest.FixtureRequest) -> Started:
     """The server on a dense folder saved with a byte-level BPE tokenizer and without a decoding plan (fitted at load,
-    which the log says); stopped with SIGTERM by the last test."""
-    python = require_vllm()
-    workdir = tmp_path_factory.mktemp("vllm-server")
+    which the log says)."""
+    tokenizer = request.getfixturevalue("tokenizer")
+    workdir = request.getfixturevalue("tmp_path_factory").mktemp("vllm-server")
     folder = save_folder(workdir / "model", "dense", False, vocab_size=len(tokenizer))
     tokenizer.save_pretrained(folder)
     port = _free_port()
-    log = open(workdir / "server.log", "w")
-    process = subprocess.Popen([str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-                                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-                                "--max-model-len", str(MAX_MODEL_LEN), "--trust-remote-code"],
-                               cwd=workdir, env=vllm_environment(), stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    log = workdir / "server.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen([str(require_vllm()), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                    str(folder), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+                                    "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--trust-remote-code"],
+                                   cwd=workdir, env=vllm_environment(), stdout=output, stderr=subprocess.STDOUT)
+    return Started(process, log, {"base": f"http://127.0.0.1:{port}", "model": str(folder)})
+
+
+@pytest.fixture(scope="module")
+def server(started_at_session_start, request: pytest.FixtureRequest):
+    """The server once it answers /health (started at the session's first test); stopped with SIGTERM by the last
+    test."""
+    started = AT_SESSION_START.take("server", started_at_session_start, request)
+    process, base = started.process, started.inputs["base"]
     deadline = time.monotonic() + STARTUP_S
     while True:
         try:
@@ -52,10 +63,9 @@ def server(tmp_path_factory, tokenizer):
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"the server did not answer /health within {STARTUP_S} s:\n"
-                        + (workdir / "server.log").read_text()[-4000:])
+            pytest.fail(f"the server did not answer /health within {STARTUP_S} s:\n" + started.log.read_text()[-4000:])
         time.sleep(2)
-    yield {"base": base, "model": str(folder), "process": process, "log": workdir / "server.log"}
+    yield {"base": base, "model": started.inputs["model"], "process": process, "log": started.log}
     if process.poll() is None:
         process.kill()
         process.wait()
