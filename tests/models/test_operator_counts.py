@@ -54,6 +54,7 @@ def test_a_decode_step_records_its_counted_operators_besides_the_linear_calls():
     from torch.profiler import ProfilerActivity, profile
 
     from modeling_tnn import TnnForCausalLM
+    from modeling_tnn.modeling_tnn import CACHE_FIELD  # the output's cache field: its name differs between releases
     from tests.support import tiny_config
 
     torch.manual_seed(0)
@@ -61,7 +62,7 @@ def test_a_decode_step_records_its_counted_operators_besides_the_linear_calls():
     model = TnnForCausalLM(config).eval()
     ids = torch.randint(0, config.vocab_size, (1, 96))
     with torch.no_grad():
-        cache = model(ids, use_cache=True).cache
+        cache = getattr(model(ids, use_cache=True), CACHE_FIELD)
         plan, token = cache.layers[0].state, ids[:, -1:]
         assert plan.capacity + plan.fold_every < ids.shape[1]  # the ring is full: no partial read
         model(token, cache=cache)  # the plan's views are made at the first step
