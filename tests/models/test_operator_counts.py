@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
+
+from modeling_tnn import TnnForCausalLM
+from modeling_tnn.modeling_tnn import CACHE_FIELD  # the output's cache field: its name differs between releases
 from modeling_tnn.ops_dispatch import use_direct
 from modeling_tnn.tnn_block import Dropout
 from modeling_tnn.recipes.benchmarks import training as bench
 from modeling_tnn.recipes.benchmarks import training_models
 from modeling_tnn.recipes.benchmarks.op_count import aten_events
+
+from tests.support import tiny_config
 
 
 @pytest.mark.parametrize("p, training", [(0.0, True), (0.3, False)])
@@ -51,12 +57,6 @@ DECODE_OPS_PER_LAYER, DECODE_OPS_PER_STEP = 21, 4
 def test_a_decode_step_records_its_counted_operators_besides_the_linear_calls():
     """At batch 1 a step is bound by its operator calls (each pays a cold start after a Linear's weight stream): one
     more per layer is a regression this catches."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from modeling_tnn import TnnForCausalLM
-    from modeling_tnn.modeling_tnn import CACHE_FIELD  # the output's cache field: its name differs between releases
-    from tests.support import tiny_config
-
     torch.manual_seed(0)
     config = tiny_config("dense", decay_gamma=0.9, generation_cache="compact")
     model = TnnForCausalLM(config).eval()
