@@ -1,16 +1,18 @@
 """The compact decoding state of a decaying kernel: a short exact window and its tail as a few complex modes.
 
 The kernel is exact for the first W lags and, beyond, the tail of r complex modes per channel, ``Re(sum_j c_j
-z_j**(l-W))``, with a certified bound of its relative l1 error (:mod:`~modeling_tnn.fit_modal`). The state keeps the
-latest inputs in a ring of W + K slots, read against those taps, and the older ones as the modes ``g = sum_i c
-z**(F-1-i) v_i`` over the inputs before a frontier F. Every K positions (a fold) the K oldest inputs of the ring enter
-the modes and the modes' contribution to the next K outputs is tabled (the readout rows; the fold's maths:
-:mod:`~modeling_tnn.decoding_fold`): between folds a step writes one slot, reads the ring and adds a readout row, and
-touches no mode. Folds fall at positions that are multiples of K past W (:func:`frontier`), so every row of a batch
-knows from its position alone where it stands. The modes are (b, c, r, 2) real (interleaved real and imaginary parts,
-channels in group order); the readout rows follow the ring in one tensor (b, W + 2K, c). The
-functions here take and return those two tensors (:func:`compact_prefill`, :func:`compact_step`,
-:func:`compact_chunk`); :class:`CompactState` is the layer's plan that calls them with its constants.
+z_j**(l-W))``, with a certified bound of its relative l1 error (:mod:`~modeling_tnn.fit_modal`). The older inputs are
+the modes ``g = sum_i c z**(F-1-i) v_i`` over the inputs before a frontier F; the later ones are rows of one tensor
+(b, W + 2K, c): the W inputs before the last fold (oldest first; row 0, whose input the modes hold, zero), the K rows
+of the inputs since (zeros ahead of the newest), then K table rows. Every K positions (a fold) the K oldest inputs
+enter the modes, the rows move up by K, and the table is renewed: what the modes (their readout rows, the fold's maths:
+:mod:`~modeling_tnn.decoding_fold`) and the W inputs before the fold (one depthwise convolution with the taps) add to
+each of the next K outputs. Between folds a step writes its row, reads the K rows of new inputs against their taps
+and adds its table row: neither the modes nor the W older inputs are touched. Folds fall at positions that are
+multiples of K past W (:func:`frontier`), so every row of a batch knows from its position alone where it stands. The
+modes are (b, c, r, 2) real (interleaved real and imaginary parts, channels in group order). The functions here take
+and return those two tensors (:func:`compact_prefill`, :func:`compact_step`, :func:`compact_chunk`);
+:class:`CompactState` is the layer's plan that calls them with its constants.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from .decoding_fold import (FoldTables, fold_in, fold_tables, readout_rows, to_channel_order, to_group_order,
                            write_readout)
-from .decoding_poles import pole_power_range, pole_powers
+from .decoding_modal_sums import modal_contribution, modal_state
+from .decoding_poles import pole_powers
 from .decoding_state import DecodingState, Positions, States
-from .decoding_window import (in_place, ring_history, ring_order, ring_slot, row_slots, slot_taps, slot_write,
-                              window_prefill, window_read)
+from .decoding_window import in_place, slot_write
+from .runtime import compute_dtype
 
 from .fit_store import PoleGroups
 
@@ -33,128 +37,20 @@ if TYPE_CHECKING:
     from .fit_store import ModalTail
     from .mixer_base import TokenMixer
 
-# Inputs per block of the parallel modal state: its (block, c, r) powers stay a few MB.
-MODAL_BLOCK = 128
-# Positions between two folds of the ring into the modes: a step between folds reads W + K ring rows and touches no
-# mode (measured at the 48.7M preset, batch 1: see docs/benchmarks.md, bench_decode_floor).
+# Positions between two folds into the modes: a step between folds reads K rows of new inputs and touches no mode
+# (measured at the 48.7M preset, batch 1: see docs/benchmarks.md, bench_decode_floor).
 FOLD_EVERY = 16
+
 
 def as_complex(planes: torch.Tensor) -> torch.Tensor:
     """Real planes (2, ...) (real part, imaginary part) as one complex tensor."""
     return torch.complex(planes[0], planes[1])
 
 
-def channel_modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> torch.Tensor:
-    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c) and poles of each channel's
-    own, in one parallel pass: per channel one matrix product of the blocks of ``MODAL_BLOCK`` inputs with the powers
-    within a block (real and imaginary parts side by side), then the blocks weighted by ``z**(block * later
-    blocks)``."""
-    b, steps, c = inputs.shape
-    modes = residues.shape[1]
-    block = min(steps, MODAL_BLOCK)
-    blocks = -(-steps // block)
-    inputs = torch.nn.functional.pad(inputs.to(torch.float32), (0, 0, blocks * block - steps, 0))
-    # Each block's inputs newest first, against z**i ascending (= oldest first against z**(B-1-i)): the flip moves the
-    # inputs, not the complex powers; the powers come from a grid of B + M exps per pole (exp dominated the prefill).
-    rows = inputs.reshape(b * blocks, block, c).flip(1).permute(2, 0, 1).contiguous()       # (c, b * blocks, block)
-    local = pole_power_range(poles, 0, block)                                                # (B, c, r)
-    with torch.autocast(device_type=rows.device.type, enabled=False):  # the state stays float32 under autocast
-        within = torch.bmm(rows, torch.cat([local.real, local.imag], dim=-1).transpose(0, 1))  # (c, b * blocks, 2r)
-    within = torch.complex(within[..., :modes], within[..., modes:]).reshape(c, b, blocks, modes)
-    later = torch.arange(blocks - 1, -1, -1, device=poles.device) * block
-    across = pole_powers(poles, later).permute(1, 0, 2)                                      # (c, blocks, r)
-    return residues * (within * across[:, None]).sum(2).permute(1, 0, 2)
-
-
-def shared_mode_sums(inputs: torch.Tensor, poles: torch.Tensor) -> torch.Tensor:
-    """``sum_i z**(T-1-i) inputs_i`` (b, s, r) complex64 for channels that share the poles (r,), before their
-    residues: one matrix product (b, s, T) @ (T, 2r) with the powers (real and imaginary parts side by side)."""
-    modes = poles.shape[0]
-    powers = pole_power_range(poles, 0, inputs.shape[1]).flip(0)                             # (T, r)
-    with torch.autocast(device_type=inputs.device.type, enabled=False):
-        sums = torch.matmul(inputs.to(torch.float32).transpose(1, 2), torch.cat([powers.real, powers.imag], dim=-1))
-    return torch.complex(sums[..., :modes], sums[..., modes:])
-
-
-def channel_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
-    """What the modes contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps, c), for poles
-    of each channel's own."""
-    powers = pole_power_range(poles, 1, steps)                                              # (steps, c, r)
-    return torch.einsum("icr,bcr->bic", powers, state).real
-
-
-def shared_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int) -> torch.Tensor:
-    """The same for channels that share the poles (r,): ``Re(P g) = Re P Re g - Im P Im g``, one matrix product."""
-    powers = pole_power_range(poles, 1, steps)                                              # (steps, r)
-    return torch.matmul(torch.cat([powers.real, -powers.imag], dim=-1),
-                        torch.cat([state.real, state.imag], dim=-1).transpose(1, 2))
-
-
-def _runs(groups: PoleGroups, channels: int) -> list[tuple[int, int, bool]]:
-    """``(start, count, shared)`` of each run of ``groups.order``: every shared group, then the channels of their own."""
-    runs, start = [], 0
-    for size in groups.sizes:
-        runs.append((start, size, True))
-        start += size
-    if start < channels:
-        runs.append((start, channels - start, False))
-    return runs
-
-
-# A shared group of at least this fraction of a layer's channels runs its product over every channel and keeps its
-# own rows: gathering a large part of the inputs' last dimension costs more than the product's few extra rows.
-FULL_PRODUCT_SHARE = 0.25
-
-
-def modal_state(inputs: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor,
-                groups: PoleGroups | None = None) -> torch.Tensor:
-    """``residues * sum_i z**(T-1-i) inputs_i`` (b, c, r) complex64 for ``inputs`` (b, T, c): the modes of a prompt,
-    each group of channels that shares its poles in one matrix product."""
-    b, steps, c = inputs.shape
-    if steps == 0:
-        return residues.new_zeros(b, c, residues.shape[1])
-    if groups is None or not groups.sizes:
-        return channel_modal_state(inputs, poles, residues)
-    state = residues.new_empty(b, c, residues.shape[1])
-    for a, n, shared in _runs(groups, c):
-        channels = groups.order[a:a + n]
-        if shared:
-            whole = n >= FULL_PRODUCT_SHARE * c
-            block = shared_mode_sums(inputs if whole else inputs.index_select(2, channels),
-                                     poles.index_select(0, channels[:1])[0])
-            rows = block.index_select(1, channels) if whole else block
-            state.index_copy_(1, channels, residues.index_select(0, channels) * rows)
-        else:
-            state.index_copy_(1, channels, channel_modal_state(inputs.index_select(2, channels),
-                                                               poles.index_select(0, channels),
-                                                               residues.index_select(0, channels)))
-    return state
-
-
-def modal_contribution(state: torch.Tensor, poles: torch.Tensor, steps: int,
-                       groups: PoleGroups | None = None) -> torch.Tensor:
-    """What the modes (b, c, r) contribute to the next ``steps`` outputs, ``Re(sum_j z_j**(i+1) g_j)`` (b, steps,
-    c), each group of channels that shares its poles in one matrix product (over every channel, the other channels'
-    modes zero: no scatter along the outputs' last dimension)."""
-    if groups is None or not groups.sizes:
-        return channel_contribution(state, poles, steps)
-    b, c, _ = state.shape
-    out = state.real.new_zeros(b, steps, c)
-    for a, n, shared in _runs(groups, c):
-        channels = groups.order[a:a + n]
-        if shared:
-            only = torch.zeros_like(state).index_copy_(1, channels, state.index_select(1, channels))
-            out += shared_contribution(only, poles.index_select(0, channels[:1])[0], steps)
-        else:
-            out.index_add_(2, channels, channel_contribution(state.index_select(1, channels),
-                                                             poles.index_select(0, channels), steps))
-    return out
-
-
 def frontier(seen: int | torch.Tensor, capacity: int, fold_every: int) -> int | torch.Tensor:
     """How many of the first ``seen`` inputs the modes hold (a count, or a tensor of counts): the largest multiple of
     ``fold_every`` that leaves at least ``capacity`` inputs out (0 before that). Folds happen at the same positions
-    whatever the prompt's length, so a step knows from its position alone whether it folds and which readout row it
+    whatever the prompt's length, so a step knows from its position alone whether it folds and which table row it
     reads."""
     front = fold_every * ((seen - capacity) // fold_every)
     return front.clamp_min(0) if isinstance(front, torch.Tensor) else max(0, front)
@@ -162,9 +58,9 @@ def frontier(seen: int | torch.Tensor, capacity: int, fold_every: int) -> int | 
 
 def compact_taps(mixer: TokenMixer, capacity: int, fold_every: int, poles: torch.Tensor, residues: torch.Tensor,
                  device: torch.device, dtype: torch.dtype, groups: PoleGroups | None = None) -> torch.Tensor:
-    """The ring's reversed taps twice (2 (W + K), c), as :func:`~.decoding_window.reversed_taps`: the exact taps of
-    lags ``0 .. W-1``, then the modal tail's of lags ``W .. W+K-1`` (``Re(sum_j c_j z_j**(l-W))``), the kernel the
-    steps between two folds read the inputs not yet folded against: the same kernel as the modes'."""
+    """The window's reversed taps twice (2 (W + K), c), as :func:`~.decoding_window.reversed_taps`: the exact taps
+    of lags ``0 .. W-1``, then the modal tail's of lags ``W .. W+K-1`` (``Re(sum_j c_j z_j**(l-W))``), the kernel
+    the inputs not yet folded are read against (by the steps and the fold's table): the same kernel as the modes'."""
     exact = mixer.causal_taps(capacity, device).detach().to(torch.float32)
     tables = fold_tables(poles.to(device), residues.to(device), groups, fold_every)
     tail = readout_rows(to_group_order(residues[None].to(device), tables), tables)[0]
@@ -175,9 +71,10 @@ def compact_taps(mixer: TokenMixer, capacity: int, fold_every: int, poles: torch
 def compact_prefill(v: torch.Tensor, positions: int, plan: CompactState,
                     prior: tuple[torch.Tensor, int] | None = None) -> States:
     """The state (window (b, W + 2K, c), modes (b, c, r, 2)) after inputs ``v`` (b, n, c) that follow ``positions``
-    tokens: the inputs from the :func:`frontier` on in the ring (the window's first W + K rows), the ones before in
-    the modes, and the modes' readout rows (the last K). ``prior``: the modes before ``v`` (complex (b, c, r), channel
-    order) and their frontier; ``v`` then holds zeros before that frontier (a ring's history)."""
+    tokens: the inputs from the :func:`frontier` on in the window's first W + K rows (:func:`held_rows`), the ones
+    before in the modes, and the table rows (the last K, :func:`table_rows`). ``prior``: the modes before ``v``
+    (complex (b, c, r), channel order) and their frontier; ``v`` then holds zeros before that frontier (a window's
+    :func:`latest_inputs`)."""
     capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
     poles, residues = as_complex(plan.poles), as_complex(plan.residues)
     seen = positions + v.shape[1]
@@ -187,8 +84,57 @@ def compact_prefill(v: torch.Tensor, positions: int, plan: CompactState,
     if prior is not None:
         modes += prior[0] * pole_powers(poles, front - prior[1], prior[0].dtype)
     modes = to_group_order(modes, tables)
-    ring = window_prefill(v[:, kept:], positions + kept, capacity + fold_every)
-    return torch.cat([ring, readout_rows(modes, tables).to(ring.dtype)], dim=1), modes
+    length = capacity + fold_every
+    recent = v[:, max(kept, v.shape[1] - length):].to(compute_dtype(v.dtype))
+    rows = held_rows(F.pad(recent, (0, 0, length - recent.shape[1], 0)), seen, plan)
+    return torch.cat([rows, table_rows(rows, modes, plan)], dim=1), modes
+
+
+def layout_shift(seen: int | torch.Tensor, plan: CompactState) -> int | torch.Tensor:
+    """How far the window's rows after ``seen`` inputs are rotated from the latest W + K inputs oldest first (a count,
+    or a tensor of counts): its first row is the position before the unclamped :func:`frontier`."""
+    capacity, fold_every = plan.capacity, plan.fold_every
+    if isinstance(seen, torch.Tensor):
+        return fold_every - 1 - torch.remainder(seen - capacity, fold_every)
+    return fold_every - 1 - (seen - capacity) % fold_every
+
+
+def rolled(rows: torch.Tensor, shift: int | torch.Tensor) -> torch.Tensor:
+    """``torch.roll(rows, shift, 1)``: row ``j`` from row ``j - shift`` (mod the row count), ``shift`` an int or one
+    per batch row (a tensor)."""
+    if not isinstance(shift, torch.Tensor):
+        return torch.roll(rows, shift, 1) if shift else rows
+    b, length, c = rows.shape
+    index = torch.remainder(torch.arange(length, device=rows.device) - shift.expand(b)[:, None], length)
+    return rows.gather(1, index[..., None].expand(b, length, c))
+
+
+def held_rows(latest: torch.Tensor, seen: Positions, plan: CompactState) -> torch.Tensor:
+    """The window's first W + K rows (b, W + K, c) from the latest W + K inputs after ``seen`` tokens, oldest first,
+    those the modes hold zero: each input at its row (:func:`layout_shift`), the rows of positions not seen yet
+    zero."""
+    return rolled(latest, -layout_shift(seen, plan))
+
+
+def latest_inputs(window: torch.Tensor, seen: Positions, plan: CompactState) -> torch.Tensor:
+    """The inverse of :func:`held_rows`: the latest W + K inputs (b, W + K, c) oldest first, those the modes hold
+    zero, from the window."""
+    return rolled(window[:, :plan.capacity + plan.fold_every], layout_shift(seen, plan))
+
+
+def table_rows(rows: torch.Tensor, modes: torch.Tensor, plan: CompactState) -> torch.Tensor:
+    """The K table rows (b, K, c) of a fold: what the modes (:func:`~.decoding_fold.readout_rows`) and the W inputs
+    before the fold (the window's first W rows ``rows``) contribute to the K outputs from the fold's position on."""
+    return readout_rows(modes, plan.fold_tables()).to(rows.dtype) + held_contribution(rows[:, :plan.capacity], plan)
+
+
+def held_contribution(history: torch.Tensor, plan: CompactState) -> torch.Tensor:
+    """What the inputs ``history`` (b, W, c), oldest first, the last just before a fold's position, contribute to
+    the K outputs from that position on through the kernel's lags 1 .. W + K - 1: one depthwise convolution (each
+    channel its own taps), read in the rows' own layout (channels last: no transposed copy)."""
+    c, fold_every = history.shape[2], plan.fold_every
+    out = F.conv2d(history.transpose(1, 2).unsqueeze(2), plan.held_weight(), padding=(0, fold_every - 1), groups=c)
+    return out[:, :, 0].transpose(1, 2)
 
 
 def reads_rows_on_host(positions: torch.Tensor) -> bool:
@@ -197,88 +143,63 @@ def reads_rows_on_host(positions: torch.Tensor) -> bool:
     return positions.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-def fold_rows(ring: torch.Tensor, readout: torch.Tensor, modes: torch.Tensor, index: torch.Tensor,
-              rows: torch.Tensor, tables: FoldTables) -> None:
-    """In place, for the batch ``rows`` (k,) alone: the ring's slots ``index`` (b, K, c) enter the modes, the readout
-    rows are renewed and those slots zeroed."""
-    index = index.index_select(0, rows)
-    held = ring.index_select(0, rows)
-    part = modes.index_select(0, rows)
-    fold_in(part, held.gather(1, index), tables)
-    modes.index_copy_(0, rows, part)
-    readout.index_copy_(0, rows, readout_rows(part, tables).to(readout.dtype))
-    ring.index_copy_(0, rows, held.scatter_(1, index, 0.0))
-
-
-def fold_oldest(window: torch.Tensor, modes: torch.Tensor, end: int, plan: CompactState) -> None:
-    """In place, every row: the ring's inputs of positions ``end - K .. end - 1`` enter the modes, their slots are
-    zeroed and the readout rows renewed."""
+def fold_oldest(window: torch.Tensor, modes: torch.Tensor, plan: CompactState) -> None:
+    """In place, every row, at a fold: the window's inputs of the K oldest positions not yet folded (its rows 1 .. K)
+    enter the modes, the later ones move to the front (row 0 stays zero: its input is in the modes), the rows of new
+    inputs are zeroed and the table rows renewed."""
     capacity, fold_every, tables = plan.capacity, plan.fold_every, plan.fold_tables()
     length = capacity + fold_every
-    start = (end - fold_every) % length
-    if start + fold_every <= length:  # one block of slots (always where K divides W, as for the fit's windows)
-        leaving = window[:, start:start + fold_every]
-        fold_in(modes, leaving, tables)
-        leaving.zero_()
-    else:
-        slots = ring_order(end, fold_every, length, window.device)
-        fold_in(modes, window[:, slots], tables)
-        window[:, slots] = 0
-    write_readout(window[:, length:], modes, tables)
-
-
-def leaving_slots(positions: torch.Tensor, b: int, c: int, plan: CompactState) -> torch.Tensor:
-    """(b, K, c) ring slots of the K inputs each row's fold at ``positions`` (b,) or (1,) moves into the modes."""
-    fold_every, length = plan.fold_every, plan.capacity + plan.fold_every
-    index = row_slots(positions + 1 - plan.capacity - fold_every, fold_every, length).expand(b, fold_every)
-    return index[..., None].expand(b, fold_every, c)
+    fold_in(modes, window[:, 1:fold_every + 1], tables)
+    window[:, 1:capacity] = window[:, fold_every + 1:length].clone()
+    window[:, capacity:length].zero_()
+    table = window[:, length:]
+    write_readout(table, modes, tables)
+    table += held_contribution(window[:, :capacity], plan)
 
 
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
                  plan: CompactState) -> torch.Tensor:
-    """In place: ``v_t`` (b, c), or a token row (b, 1, c) (the output keeps its shape), takes its ring slot; every
-    ``K`` positions the K oldest inputs of the ring enter the modes (:func:`frontier`) and the readout rows are
-    renewed; the output is the ring read against the taps plus the readout row of the position. Between folds a step
-    is a few operators on (W + K, c) rows: the modes are not touched. Rows at their own positions (a tensor) fold
-    where their position says: on the CPU only the rows that fold compute it; elsewhere every row's fold is computed
-    and kept where the row folds (:func:`reads_rows_on_host`)."""
+    """In place: ``v_t`` (b, c), or a token row (b, 1, c) (the output keeps its shape), takes the row of its phase
+    among the K rows of new inputs; every ``K`` positions a fold first moves the K oldest inputs into the modes
+    (:func:`frontier`) and tables what the modes and the W inputs before it contribute to the next K outputs; the
+    output is the new inputs read against their taps plus the table row of the phase. Between folds a step is a few
+    operators on K rows: neither the modes nor the W older inputs are read. Rows at their own positions (a tensor)
+    fold where their position says: on the CPU only the rows that fold compute it; elsewhere every row's fold is
+    computed and kept where the row folds (:func:`reads_rows_on_host`)."""
     capacity, fold_every = plan.capacity, plan.fold_every
     length = capacity + fold_every
     keepdim = v_t.dim() == 3
-    slot = ring_slot(positions, length)
-    slot_write(window, slot, v_t)  # a ring slot: the window's first rows are the ring
     if not isinstance(positions, torch.Tensor):  # a count (an int, or a size under export)
         phase = (positions + 1 - capacity) % fold_every
         if phase == 0:
-            fold_oldest(window, modes, positions + 1 - capacity, plan)
-        row = length + phase
-        readout = window[:, row:row + 1] if keepdim else window[:, row]
-        filled = min(positions + 1, length)
-        return window_read(window[:, :length], plan.slot_taps(slot), filled, keepdim) + readout
-    ring, readout = window[:, :length], window[:, length:]
-    b, _, c = ring.shape
+            fold_oldest(window, modes, plan)
+        slot_write(window, capacity + phase, v_t)
+        table = window[:, length + phase:length + phase + 1] if keepdim else window[:, length + phase]
+        return (window[:, capacity:length] * plan.phase_taps(phase)).sum(1, keepdim=keepdim) + table
+    b, _, c = window.shape
     phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
     folds = phase == 0
-    tables = plan.fold_tables()
     if reads_rows_on_host(positions):  # fold the rows that fold alone (most steps none)
         rows = folds.nonzero()[:, 0]
         if rows.numel():
-            fold_rows(ring, readout, modes, leaving_slots(positions, b, c, plan), rows, tables)
+            part, part_modes = window.index_select(0, rows), modes.index_select(0, rows)
+            fold_oldest(part, part_modes, plan)
+            window.index_copy_(0, rows, part)
+            modes.index_copy_(0, rows, part_modes)
     else:  # no host read on an accelerator: every row's fold computed, kept where the row folds
-        index = leaving_slots(positions, b, c, plan)
-        leaving = ring.gather(1, index)
-        folded = modes.clone()
-        fold_in(folded, leaving, tables)
-        modes.copy_(torch.where(folds[:, None, None, None], folded, modes))
-        readout.copy_(torch.where(folds[:, None, None], readout_rows(folded, tables), readout))
-        ring.scatter_(1, index, leaving * ~folds[:, None, None])
-    row = readout.gather(1, phase[:, None, None].expand(b, 1, c))
-    return window_read(ring, plan.slot_taps(slot), length, keepdim) + (row if keepdim else row[:, 0])
+        folded, folded_modes = window.clone(), modes.clone()
+        fold_oldest(folded, folded_modes, plan)
+        window.copy_(torch.where(folds[:, None, None], folded, window))
+        modes.copy_(torch.where(folds[:, None, None, None], folded_modes, modes))
+    slot_write(window, capacity + phase, v_t)
+    table = window.gather(1, (length + phase)[:, None, None].expand(b, 1, c))
+    read = (window[:, capacity:length] * plan.phase_taps(phase)).sum(1, keepdim=keepdim)
+    return read + (table if keepdim else table[:, 0])
 
 
 def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
                   positions: Positions, plan: CompactState) -> torch.Tensor:
-    """Several tokens ``v`` (b, n, c) on a filled state, in place: the ring's inputs and the chunk through the mixer's
+    """Several tokens ``v`` (b, n, c) on a filled state, in place: the window's inputs and the chunk through the mixer's
     exact kernel in parallel, plus what the modes contribute; then the state after the chunk. Rows at their own
     positions (a tensor) continue one at a time."""
     if isinstance(positions, torch.Tensor):
@@ -292,7 +213,7 @@ def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, 
     poles = as_complex(plan.poles)
     prior = to_channel_order(modes, plan.fold_tables())
     before = frontier(positions, capacity, fold_every)
-    sequence = torch.cat([ring_history(window[:, :length], positions).to(v.dtype), v], dim=1)
+    sequence = torch.cat([latest_inputs(window, positions, plan).to(v.dtype), v], dim=1)
     n = v.shape[1]
     # The modes hold the inputs before the frontier: their powers count from lag W of the last of them.
     ahead = max(0, positions - capacity - before)
@@ -313,7 +234,7 @@ def chunk_on_device(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor
     positions = positions.expand(b)
     before, after = frontier(positions, capacity, fold_every), frontier(positions + n, capacity, fold_every)
     prior = to_channel_order(modes, tables)
-    sequence = torch.cat([ring_history(window[:, :length], positions).to(v.dtype), v], dim=1)  # (b, T, c)
+    sequence = torch.cat([latest_inputs(window, positions, plan).to(v.dtype), v], dim=1)  # (b, T, c)
     ahead = (positions - capacity - before).clamp_min(0)
     contribution = modal_contribution(prior * pole_powers(poles, ahead, prior.dtype), poles, n, plan._groups)
     out = mixer(sequence, None)[:, -n:] + contribution.to(v.dtype)
@@ -321,21 +242,21 @@ def chunk_on_device(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor
     first = positions - length                                      # the position of each row's first entry
     offsets = torch.arange(steps, device=v.device)
     # The inputs before the new frontier, shifted so that the last of them is the last entry (their powers count
-    # from there); earlier entries of the ring are zeros already (folded before).
+    # from there); earlier entries of the window are zeros already (folded before).
     index = offsets - (first + steps - after)[:, None]
     shifted = sequence.gather(1, index.clamp_min(0)[..., None].expand(b, steps, c)) * (index >= 0)[..., None]
     folded = (modal_state(shifted, poles, residues, plan._groups)
               + prior * pole_powers(poles, after - before, prior.dtype))
     kept = (first[:, None] + offsets[steps - length:] >= after[:, None])[..., None]   # from the new frontier on
-    ring = window_prefill(sequence[:, steps - length:] * kept, positions + n - length, length)
+    rows = held_rows((sequence[:, steps - length:] * kept).to(window.dtype), positions + n, plan)
     folded = to_group_order(folded, tables)
-    in_place((window, modes), (torch.cat([ring, readout_rows(folded, tables).to(ring.dtype)], dim=1), folded))
+    in_place((window, modes), (torch.cat([rows, table_rows(rows, folded, plan)], dim=1), folded))
     return out
 
 
 @dataclasses.dataclass(eq=False)
 class CompactState(DecodingState):
-    """A ring of ``capacity + fold_every`` inputs with the modes' readout rows after it (b, W + 2K, c) and ``modes``
+    """The W + K latest inputs not in the modes and K table rows (b, W + 2K, c, the module's layout) and ``modes``
     complex modes per channel, interleaved real and imaginary parts in group order (b, c, r, 2), the two state
     tensors; its kernel is within
     ``error_bound`` (relative l1, the largest channel's) of the exact one. Build it from a fitted tail with
@@ -348,7 +269,7 @@ class CompactState(DecodingState):
     capacity: int = 0
     modes: int = 0
     error_bound: float = 0.0
-    fold_every: int = 1                         # K: positions between two folds of the ring's oldest inputs
+    fold_every: int = 1                         # K: positions between two folds of the oldest inputs
     shared_groups: tuple[int, ...] = ()         # PoleGroups.sizes: channels sharing a pole set, group by group
     poles: torch.Tensor | None = None           # (2, c, r) float32: real and imaginary planes of the poles
     residues: torch.Tensor | None = None        # (2, c, r) float32: the same of their residues
@@ -363,16 +284,28 @@ class CompactState(DecodingState):
                         else PoleGroups(self.channel_order, self.channel_rank, tuple(self.shared_groups)))
         self._fold = None
         self._tap_views = None
+        self._held_weight = None
 
-    def slot_taps(self, slot: int | torch.Tensor) -> torch.Tensor:
-        """:func:`~.decoding_window.slot_taps` of the ring's taps; for an int slot one of W + K views made once (a
-        step at batch 1 is bound by its operator calls)."""
-        if type(slot) is not int:
-            return slot_taps(self.taps_twice, slot)
+    def phase_taps(self, phase: int | torch.Tensor) -> torch.Tensor:
+        """The taps the K rows of new inputs are read against at ``phase`` (the e-th position since a fold; row ``m``
+        at lag ``e - m``, rows past ``e`` zero): (K, c), one of K views made once (a step at batch 1 is bound by its
+        operator calls), or (b, K, c) gathered for a phase per row."""
+        length, fold_every = self.capacity + self.fold_every, self.fold_every
+        if type(phase) is not int:
+            rows = (length - 1 - phase)[:, None] + torch.arange(fold_every, device=phase.device)
+            return self.taps_twice.index_select(0, rows.flatten()).view(*rows.shape, self.taps_twice.shape[1])
         if self._tap_views is None or self._tap_views[0] is not self.taps_twice:
-            views = [slot_taps(self.taps_twice, s) for s in range(self.capacity + self.fold_every)]
+            views = [self.taps_twice[length - 1 - e:length - 1 - e + fold_every] for e in range(fold_every)]
             self._tap_views = (self.taps_twice, views)
-        return self._tap_views[1][slot]
+        return self._tap_views[1][phase]
+
+    def held_weight(self) -> torch.Tensor:
+        """:func:`held_contribution`'s depthwise kernel (c, 1, 1, W + K - 1): each channel's taps of lags W + K - 1
+        .. 1, made once."""
+        if self._held_weight is None or self._held_weight[0] is not self.taps_twice:
+            taps = self.taps_twice[:self.capacity + self.fold_every - 1]
+            self._held_weight = (self.taps_twice, taps.t().contiguous()[:, None, None])
+        return self._held_weight[1]
 
     def fold_tables(self) -> FoldTables:
         """The powers a fold reads (:func:`~.decoding_fold.fold_tables`), built once."""
@@ -384,8 +317,8 @@ class CompactState(DecodingState):
     @classmethod
     def from_tail(cls, tail: ModalTail, mixer: TokenMixer, device: torch.device, dtype: torch.dtype,
                   fold_every: int | None = None) -> CompactState:
-        """The state of a fitted (or loaded) ``tail``: poles and residues as real planes on ``device``, the ring's
-        taps (:func:`compact_taps`) in ``dtype``; folding every ``fold_every`` positions (default
+        """The state of a fitted (or loaded) ``tail``: poles and residues as real planes on ``device``, the
+        window's taps (:func:`compact_taps`) in ``dtype``; folding every ``fold_every`` positions (default
         :data:`FOLD_EVERY`)."""
         fold_every = FOLD_EVERY if fold_every is None else fold_every
         def planes(values: torch.Tensor) -> torch.Tensor:

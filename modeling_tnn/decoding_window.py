@@ -4,8 +4,8 @@ W is the kernel's support (:meth:`~modeling_tnn.mixer_base.TokenMixer.kernel_sup
 (``fd_kernel_length + 1`` taps), or the lags after which a decaying dense kernel ``RPE(k) gamma**k`` falls below
 float32 resolution; without one (a kernel that does not decay) the window is the whole history, which grows (O(t)
 per token). The window is a ring: the input of position ``p`` sits in slot ``p mod W`` of its row, so rows at
-different positions step together; the ring functions here serve the SSM's window phase and the compact state's
-window too.
+different positions step together; the ring functions here serve the SSM's window phase too (the compact state keeps
+its inputs in position order instead: :mod:`~modeling_tnn.decoding_compact`).
 """
 
 from __future__ import annotations

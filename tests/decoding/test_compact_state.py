@@ -219,11 +219,12 @@ def test_bad_compact_tolerance_raises_naming_the_field(value):
 def test_channels_that_share_poles_give_the_per_channel_modes_and_contributions(full_product_share, monkeypatch):
     """A layer's channels in shared pole groups (one matrix product each) and channels with poles of their own build
     the same modes, and the modes contribute the same outputs, as the per-channel path and a float64 brute force."""
-    from modeling_tnn import decoding_compact
-    from modeling_tnn.decoding_compact import channel_contribution, channel_modal_state, modal_contribution, modal_state
+    from modeling_tnn import decoding_modal_sums
+    from modeling_tnn.decoding_modal_sums import (channel_contribution, channel_modal_state, modal_contribution,
+                                                  modal_state)
     from modeling_tnn.fit_store import pole_groups
 
-    monkeypatch.setattr(decoding_compact, "FULL_PRODUCT_SHARE", full_product_share)
+    monkeypatch.setattr(decoding_modal_sums, "FULL_PRODUCT_SHARE", full_product_share)
 
     generator = torch.Generator().manual_seed(0)
     shared = torch.polar(0.5 + 0.45 * torch.rand(6, generator=generator), 3 * torch.rand(6, generator=generator))
