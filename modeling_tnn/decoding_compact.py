@@ -103,7 +103,7 @@ def rolled(rows: torch.Tensor, shift: int | torch.Tensor) -> torch.Tensor:
     """``torch.roll(rows, shift, 1)``: row ``j`` from row ``j - shift`` (mod the row count), ``shift`` an int or one
     per batch row (a tensor)."""
     if not isinstance(shift, torch.Tensor):
-        return torch.roll(rows, shift, 1) if shift else rows
+        return torch.roll(rows, shift, 1)
     b, length, c = rows.shape
     index = torch.remainder(torch.arange(length, device=rows.device) - shift.expand(b)[:, None], length)
     return rows.gather(1, index[..., None].expand(b, length, c))
