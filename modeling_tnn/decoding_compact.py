@@ -4,14 +4,15 @@ The kernel is exact for the first W lags and, beyond, the tail of r complex mode
 z_j**(l-W))``, with a certified bound of its relative l1 error (:mod:`~modeling_tnn.fit_modal`). The older inputs are
 the modes ``g = sum_i c z**(F-1-i) v_i`` over the inputs before a frontier F; the later ones are rows of one tensor
 (b, W + 2K, c): the W inputs before the last fold (oldest first; row 0, whose input the modes hold, zero), the K rows
-of the inputs since (zeros ahead of the newest), then K table rows. Every K positions (a fold) the K oldest inputs
-enter the modes, the rows move up by K, and the table is renewed: what the modes (their readout rows, the fold's maths:
-:mod:`~modeling_tnn.decoding_fold`) and the W inputs before the fold (one depthwise convolution with the taps) add to
-each of the next K outputs. Between folds a step writes its row, reads the K rows of new inputs against their taps
-and adds its table row: neither the modes nor the W older inputs are touched. Folds fall at positions that are
-multiples of K past W (:func:`frontier`), so every row of a batch knows from its position alone where it stands. The
-modes are (b, c, r, 2) real (interleaved real and imaginary parts, channels in group order). The functions here take
-and return those two tensors (:func:`compact_prefill`, :func:`compact_step`, :func:`compact_chunk`);
+of the inputs since (zeros ahead of the newest), then K table rows: what everything before each of the next K
+outputs contributes to it. Every K positions (a fold) the K oldest inputs enter the modes, the rows move up by K, and
+the table is renewed: what the modes (their readout rows, the fold's maths: :mod:`~modeling_tnn.decoding_fold`) and
+the W inputs before the fold (one depthwise convolution with the taps) add to each of the next K outputs. Between
+folds a step writes its input to its row and adds it, times the taps, to the table rows from its own on, in one
+operator; its output is its table row. Neither the modes nor the W older inputs are touched. Folds fall at positions
+that are multiples of K past W (:func:`frontier`), so every row of a batch knows from its position alone where it
+stands. The modes are (b, c, r, 2) real (interleaved real and imaginary parts, channels in group order). The functions
+here take and return those two tensors (:func:`compact_prefill`, :func:`compact_step`, :func:`compact_chunk`);
 :class:`CompactState` is the layer's plan that calls them with its constants.
 """
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from .fit_store import ModalTail
     from .mixer_base import TokenMixer
 
-# Positions between two folds into the modes: a step between folds reads K rows of new inputs and touches no mode
+# Positions between two folds into the modes: a step between folds writes K table rows at most and touches no mode
 # (measured at the 48.7M preset, batch 1: see docs/benchmarks.md, bench_decode_floor).
 FOLD_EVERY = 16
 
@@ -123,17 +124,20 @@ def latest_inputs(window: torch.Tensor, seen: Positions, plan: CompactState) -> 
 
 
 def table_rows(rows: torch.Tensor, modes: torch.Tensor, plan: CompactState) -> torch.Tensor:
-    """The K table rows (b, K, c) of a fold: what the modes (:func:`~.decoding_fold.readout_rows`) and the W inputs
-    before the fold (the window's first W rows ``rows``) contribute to the K outputs from the fold's position on."""
-    return readout_rows(modes, plan.fold_tables()).to(rows.dtype) + held_contribution(rows[:, :plan.capacity], plan)
+    """The K table rows (b, K, c) of a window whose first W + K rows are ``rows``: what the modes
+    (:func:`~.decoding_fold.readout_rows`) and those rows contribute to each of the K outputs from the last fold's
+    position on. Rows ahead of an output meet the kernel's wrapped taps in the convolution, so an output already
+    produced holds no meaning; every later one is exact, which is all a step reads."""
+    return readout_rows(modes, plan.fold_tables()).to(rows.dtype) + lag_contribution(rows, plan)
 
 
-def held_contribution(history: torch.Tensor, plan: CompactState) -> torch.Tensor:
-    """What the inputs ``history`` (b, W, c), oldest first, the last just before a fold's position, contribute to
-    the K outputs from that position on through the kernel's lags 1 .. W + K - 1: one depthwise convolution (each
-    channel its own taps), read in the rows' own layout (channels last: no transposed copy)."""
-    c, fold_every = history.shape[2], plan.fold_every
-    out = F.conv2d(history.transpose(1, 2).unsqueeze(2), plan.held_weight(), padding=(0, fold_every - 1), groups=c)
+def lag_contribution(rows: torch.Tensor, plan: CompactState) -> torch.Tensor:
+    """What the window's first n rows ``rows`` (b, n, c; row ``i`` at lag ``W - i + e`` from the e-th position since
+    the last fold) contribute to the K outputs from that fold's position on: one depthwise convolution (each channel
+    its own taps), read in the rows' own layout (channels last: no transposed copy)."""
+    c, fold_every = rows.shape[2], plan.fold_every
+    weight = plan.lag_weight(rows.shape[1])
+    out = F.conv2d(rows.transpose(1, 2).unsqueeze(2), weight, padding=(0, fold_every - 1), groups=c)
     return out[:, :, 0].transpose(1, 2)
 
 
@@ -154,16 +158,16 @@ def fold_oldest(window: torch.Tensor, modes: torch.Tensor, plan: CompactState) -
     window[:, capacity:length].zero_()
     table = window[:, length:]
     write_readout(table, modes, tables)
-    table += held_contribution(window[:, :capacity], plan)
+    table += lag_contribution(window[:, :capacity], plan)  # the new rows are zero: W rows are all that count
 
 
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
                  plan: CompactState) -> torch.Tensor:
     """In place: ``v_t`` (b, c), or a token row (b, 1, c) (the output keeps its shape), takes the row of its phase
-    among the K rows of new inputs; every ``K`` positions a fold first moves the K oldest inputs into the modes
-    (:func:`frontier`) and tables what the modes and the W inputs before it contribute to the next K outputs; the
-    output is the new inputs read against their taps plus the table row of the phase. Between folds a step is a few
-    operators on K rows: neither the modes nor the W older inputs are read. Rows at their own positions (a tensor)
+    among the K rows of new inputs and adds its contribution, through the taps, to the table rows from its phase on;
+    the output is the table row of its phase. Every ``K`` positions a fold first moves the K oldest inputs into the
+    modes (:func:`frontier`) and tables what the modes and the W inputs before it contribute to the next K outputs.
+    Between folds a step touches neither the modes nor the W older inputs. Rows at their own positions (a tensor)
     fold where their position says: on the CPU only the rows that fold compute it; elsewhere every row's fold is
     computed and kept where the row folds (:func:`reads_rows_on_host`)."""
     capacity, fold_every = plan.capacity, plan.fold_every
@@ -173,9 +177,16 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
         phase = (positions + 1 - capacity) % fold_every
         if phase == 0:
             fold_oldest(window, modes, plan)
-        slot_write(window, capacity + phase, v_t)
+        # The phase's row of new inputs (still zero) and the table rows from the phase on lie K rows apart: one view
+        # (2, b, K - phase, c) of both, which one addcmul_ writes (the row takes the input, the table rows its
+        # contribution; the rows of new inputs ahead are multiplied by zero).
+        stride = window.stride()
+        span = window.as_strided((2, window.shape[0], fold_every - phase, window.shape[2]),
+                                 (fold_every * stride[1], *stride),
+                                 window.storage_offset() + (capacity + phase) * stride[1])
+        span.addcmul_(v_t if keepdim else v_t[:, None], plan.step_taps(phase))
         table = window[:, length + phase:length + phase + 1] if keepdim else window[:, length + phase]
-        return (window[:, capacity:length] * plan.phase_taps(phase)).sum(1, keepdim=keepdim) + table
+        return table.clone()  # the table row is rewritten at the next fold
     b, _, c = window.shape
     phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
     folds = phase == 0
@@ -192,9 +203,9 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
         window.copy_(torch.where(folds[:, None, None], folded, window))
         modes.copy_(torch.where(folds[:, None, None, None], folded_modes, modes))
     slot_write(window, capacity + phase, v_t)
+    window[:, length:].addcmul_(v_t.view(b, 1, c), plan.step_taps(phase))
     table = window.gather(1, (length + phase)[:, None, None].expand(b, 1, c))
-    read = (window[:, capacity:length] * plan.phase_taps(phase)).sum(1, keepdim=keepdim)
-    return read + (table if keepdim else table[:, 0])
+    return table if keepdim else table[:, 0]
 
 
 def compact_chunk(mixer: TokenMixer, window: torch.Tensor, modes: torch.Tensor, v: torch.Tensor,
@@ -283,29 +294,38 @@ class CompactState(DecodingState):
         self._groups = (None if self.channel_order is None
                         else PoleGroups(self.channel_order, self.channel_rank, tuple(self.shared_groups)))
         self._fold = None
-        self._tap_views = None
-        self._held_weight = None
+        self._step_taps = None
+        self._lag_weights = {}
 
-    def phase_taps(self, phase: int | torch.Tensor) -> torch.Tensor:
-        """The taps the K rows of new inputs are read against at ``phase`` (the e-th position since a fold; row ``m``
-        at lag ``e - m``, rows past ``e`` zero): (K, c), one of K views made once (a step at batch 1 is bound by its
-        operator calls), or (b, K, c) gathered for a phase per row."""
-        length, fold_every = self.capacity + self.fold_every, self.fold_every
+    def step_taps(self, phase: int | torch.Tensor) -> torch.Tensor:
+        """What a step at ``phase`` (the e-th position since a fold) multiplies its input by. An int: (2, 1, K - e, c),
+        for its row of new inputs and the rows after it (1, then zeros) and for the table rows from e on (the taps of
+        lags 0 .. K-1-e); one of K views made once (a step at batch 1 is bound by its operator calls). A tensor of
+        phases: (b, K, c) for the table rows, the taps of lag ``m - e`` for row ``m`` (zero before e), gathered per
+        row."""
+        fold_every, length = self.fold_every, self.capacity + self.fold_every
+        if self._step_taps is None or self._step_taps[0] is not self.taps_twice:
+            taps = self.taps_twice[length - fold_every:length].flip(0)                     # lags 0 .. K-1
+            planes = taps.new_zeros(2, 1, 2 * fold_every - 1, taps.shape[1])
+            planes[0, 0, fold_every - 1] = 1
+            planes[1, 0, fold_every - 1:] = taps
+            views = [planes[:, :, fold_every - 1:2 * fold_every - 1 - e] for e in range(fold_every)]
+            self._step_taps = (self.taps_twice, views, planes[1, 0])
         if type(phase) is not int:
-            rows = (length - 1 - phase)[:, None] + torch.arange(fold_every, device=phase.device)
-            return self.taps_twice.index_select(0, rows.flatten()).view(*rows.shape, self.taps_twice.shape[1])
-        if self._tap_views is None or self._tap_views[0] is not self.taps_twice:
-            views = [self.taps_twice[length - 1 - e:length - 1 - e + fold_every] for e in range(fold_every)]
-            self._tap_views = (self.taps_twice, views)
-        return self._tap_views[1][phase]
+            index = (fold_every - 1 - phase)[:, None] + torch.arange(fold_every, device=phase.device)
+            lags = self._step_taps[2]
+            return lags.index_select(0, index.flatten()).view(*index.shape, lags.shape[1])
+        return self._step_taps[1][phase]
 
-    def held_weight(self) -> torch.Tensor:
-        """:func:`held_contribution`'s depthwise kernel (c, 1, 1, W + K - 1): each channel's taps of lags W + K - 1
-        .. 1, made once."""
-        if self._held_weight is None or self._held_weight[0] is not self.taps_twice:
-            taps = self.taps_twice[:self.capacity + self.fold_every - 1]
-            self._held_weight = (self.taps_twice, taps.t().contiguous()[:, None, None])
-        return self._held_weight[1]
+    def lag_weight(self, rows: int) -> torch.Tensor:
+        """:func:`lag_contribution`'s depthwise kernel (c, 1, 1, n + K - 1) for the window's first n ``rows``: each
+        channel's taps of lags W + K - 1 .. 1 for n = W (a fold), down to lag 1 - K for n = W + K; made once."""
+        if self._lag_weights.get("taps") is not self.taps_twice:
+            self._lag_weights = {"taps": self.taps_twice}
+        if rows not in self._lag_weights:
+            taps = self.taps_twice[:rows + self.fold_every - 1]
+            self._lag_weights[rows] = taps.t().contiguous()[:, None, None]
+        return self._lag_weights[rows]
 
     def fold_tables(self) -> FoldTables:
         """The powers a fold reads (:func:`~.decoding_fold.fold_tables`), built once."""

@@ -21,27 +21,28 @@ from .fit_store import PoleGroups
 
 @dataclasses.dataclass(eq=False)
 class FoldRun:
-    """``count`` channels from ``start`` of the group order: shared (``inputs`` (K, 2r), ``readout`` (2r, K), and
-    the run's ``residues`` (n, r) complex) or each with poles of its own (``inputs`` (n, K, 2r) with the residues
-    applied, ``readout`` (n, 2r, K))."""
+    """``count`` channels from ``start`` of the group order: shared (``inputs`` (K, 2r), ``readout`` (2r, K),
+    ``decay`` ``z**K`` (r,) complex, one row for every channel, and the run's ``residues`` (n, r) complex) or each
+    with poles of its own (``inputs`` (n, K, 2r) with the residues applied, ``readout`` (n, 2r, K), ``decay``
+    (n, r))."""
 
     start: int
     count: int
     shared: bool
     inputs: torch.Tensor
     readout: torch.Tensor
+    decay: torch.Tensor
     residues: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(eq=False)
 class FoldTables:
-    """What a fold of ``fold_every`` inputs needs, built once from the poles: the runs, ``decay`` ``z**K`` (c, r)
-    complex in group order, and the group order itself (``order``, its inverse ``rank``)."""
+    """What a fold of ``fold_every`` inputs needs, built once from the poles: the runs, and the group order itself
+    (``order``, its inverse ``rank``)."""
 
     fold_every: int
     order: torch.Tensor
     rank: torch.Tensor
-    decay: torch.Tensor
     runs: list[FoldRun]
     identity: bool = False  # the group order is the channel order (one group, or none): no permutation to apply
 
@@ -65,16 +66,17 @@ def fold_tables(poles: torch.Tensor, residues: torch.Tensor, groups: PoleGroups 
         conjugate_sign = torch.tensor([1.0, -1.0], device=poles.device)  # Re(P g) = Re P Re g - Im P Im g
         readout = (torch.view_as_real(pole_powers(shared, ahead)) * conjugate_sign).flatten(-2).t().contiguous()
         runs.append(FoldRun(start, size, True, _interleaved(pole_powers(shared, ages)).contiguous(), readout,
-                            residues[start:start + size]))
+                            pole_powers(shared, fold_every), residues[start:start + size]))
         start += size
     if start < c:
         own, own_residues = poles[start:], residues[start:]
         inputs = _interleaved(own_residues[:, None] * pole_powers(own, ages).transpose(0, 1))  # (n, K, 2r)
         conjugate_sign = torch.tensor([1.0, -1.0], device=poles.device)
         readout = (torch.view_as_real(pole_powers(own, ahead).transpose(0, 1)) * conjugate_sign).flatten(-2)
-        runs.append(FoldRun(start, c - start, False, inputs.contiguous(), readout.transpose(1, 2).contiguous()))
+        runs.append(FoldRun(start, c - start, False, inputs.contiguous(), readout.transpose(1, 2).contiguous(),
+                            pole_powers(own, fold_every)))
     identity = groups.sizes in ((), (c,))  # pole_groups lists a lone group's (or no group's) channels in order
-    return FoldTables(fold_every, groups.order, groups.rank, pole_powers(poles, fold_every), runs, identity)
+    return FoldTables(fold_every, groups.order, groups.rank, runs, identity)
 
 
 def to_group_order(modes: torch.Tensor, tables: FoldTables) -> torch.Tensor:
@@ -91,12 +93,12 @@ def fold_in(modes: torch.Tensor, inputs: torch.Tensor, tables: FoldTables) -> No
     """In place: ``g = z**K g + sum_k c z**(K-1-k) inputs_k`` for the state's modes (b, c, r, 2) and ``inputs``
     (b, K, c) in channel order, oldest first."""
     g = torch.view_as_complex(modes)
-    g.mul_(tables.decay)
     rows = inputs.transpose(1, 2)                                                          # (b, c, K)
     if not tables.identity:  # whole rows of K: a row copy each (a gather along the last dim is 5x slower)
         rows = rows.index_select(1, tables.order)
     for run in tables.runs:
         part, modes_of_run = rows[:, run.start:run.start + run.count], g[:, run.start:run.start + run.count]
+        modes_of_run.mul_(run.decay)  # a shared run's one row of powers broadcast: (c, r) fewer values to read
         if run.shared:
             sums = torch.view_as_complex(torch.matmul(part, run.inputs).unflatten(-1, (-1, 2)))  # (b, n, r)
             modes_of_run.addcmul_(run.residues, sums)
