@@ -94,6 +94,39 @@ def decode_steps(context: int, batches: tuple[int, ...] = (1, 8)) -> Callable[[]
     return build
 
 
+def ladder_decode(rung: str, context: int) -> Callable[[], dict[str, Workload]]:
+    """The scale ladder's ``rung`` TNN decode step at batch 1 after ``context`` tokens (initial weights, the plan
+    fitted by the prefill), timed as bench_decode_floor times it: ``DECODE_TOKENS`` steps a call."""
+    def build() -> dict[str, Workload]:
+        from .generation import decoder
+        from .scale_ladder import RUNGS, build_pair
+
+        tnn, _ = build_pair(RUNGS[rung], 0)
+        with torch.no_grad():
+            step, _ = decoder("tnn dense", tnn, 1, context, tnn.config.vocab_size)
+        step = torch.no_grad()(step)
+        return {f"tnn {rung} batch 1 context {context}": workload(consecutive(step, DECODE_TOKENS), before=step)}
+    return build
+
+
+def prefills(rung: str, length: int, chunks: int) -> Callable[[], dict[str, Workload]]:
+    """The forward that returns the decoding state over ``length`` tokens on the scale ladder's ``rung`` (initial
+    weights, the plan fitted first), and the same tokens in ``chunks`` chunks each continuing the cache, as
+    bench_prefill times them."""
+    def build() -> dict[str, Workload]:
+        from .prefill import ALL_RUNGS, FIT_TOKENS, build_pair, chunked_prefill, prefill
+
+        tnn, _ = build_pair(ALL_RUNGS[rung], 0)
+        ids = torch.randint(1, tnn.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            tnn(input_ids=torch.ones(1, FIT_TOKENS, dtype=torch.long), use_cache=True)  # the plan, fitted once
+        logits = {}
+        pieces = [torch.no_grad()(piece) for piece in chunked_prefill(tnn, ids, chunks, logits, "chunked")]
+        return {f"tnn {rung} prefill {length}": workload(torch.no_grad()(prefill(tnn, ids, True, logits, "one"))),
+                f"tnn {rung} {length} in {chunks} chunks": workload(*pieces)}
+    return build
+
+
 AB_BENCHMARKS = {
     "small_gpt_step": AbBenchmark("small-GPT training step (n=64, batch 12), TNN dense and FD",
                                   training_steps(["--suite", "small_gpt", "--models", "tnn-dense,tnn-fd"], 64), 15),
@@ -106,6 +139,9 @@ AB_BENCHMARKS = {
     "decode_256": AbBenchmark("decode step after 256 tokens, batch 1 and 8, TNN dense and FD", decode_steps(256), 30),
     "decode_2048": AbBenchmark("decode step after 2,048 tokens, batch 1 and 8, TNN dense and FD", decode_steps(2048),
                                30),
+    "decode_48m_2048": AbBenchmark("48.7M decode step after 2,048 tokens, batch 1", ladder_decode("48.7M", 2048), 30),
+    "prefill_2048": AbBenchmark("48.7M prefill returning the state at 2,048 tokens, and in 4 chunks of 512",
+                                prefills("48.7M", 2048, 4), 10),
     "lra_step_4096": AbBenchmark("LRA-size classification training step at n=4096 (batch 2), TNN dense, FD, SKI",
                                  training_steps(["--suite", "lra", "--models", "tnn-dense,tnn-fd,tnn-ski"], 4096), 5),
 }
