@@ -295,7 +295,7 @@ class CompactState(DecodingState):
                         else PoleGroups(self.channel_order, self.channel_rank, tuple(self.shared_groups)))
         self._fold = None
         self._step_taps = None
-        self._lag_weights = {}
+        self._lag_weights = (None, {})
 
     def step_taps(self, phase: int | torch.Tensor) -> torch.Tensor:
         """What a step at ``phase`` (the e-th position since a fold) multiplies its input by. An int: (2, 1, K - e, c),
@@ -311,21 +311,21 @@ class CompactState(DecodingState):
             planes[1, 0, fold_every - 1:] = taps
             views = [planes[:, :, fold_every - 1:2 * fold_every - 1 - e] for e in range(fold_every)]
             self._step_taps = (self.taps_twice, views, planes[1, 0])
+        _, views, lags = self._step_taps
         if type(phase) is not int:
             index = (fold_every - 1 - phase)[:, None] + torch.arange(fold_every, device=phase.device)
-            lags = self._step_taps[2]
             return lags.index_select(0, index.flatten()).view(*index.shape, lags.shape[1])
-        return self._step_taps[1][phase]
+        return views[phase]
 
     def lag_weight(self, rows: int) -> torch.Tensor:
         """:func:`lag_contribution`'s depthwise kernel (c, 1, 1, n + K - 1) for the window's first n ``rows``: each
         channel's taps of lags W + K - 1 .. 1 for n = W (a fold), down to lag 1 - K for n = W + K; made once."""
-        if self._lag_weights.get("taps") is not self.taps_twice:
-            self._lag_weights = {"taps": self.taps_twice}
-        if rows not in self._lag_weights:
-            taps = self.taps_twice[:rows + self.fold_every - 1]
-            self._lag_weights[rows] = taps.t().contiguous()[:, None, None]
-        return self._lag_weights[rows]
+        if self._lag_weights[0] is not self.taps_twice:
+            self._lag_weights = (self.taps_twice, {})
+        weights = self._lag_weights[1]
+        if rows not in weights:
+            weights[rows] = self.taps_twice[:rows + self.fold_every - 1].t().contiguous()[:, None, None]
+        return weights[rows]
 
     def fold_tables(self) -> FoldTables:
         """The powers a fold reads (:func:`~.decoding_fold.fold_tables`), built once."""
