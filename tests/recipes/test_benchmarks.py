@@ -20,6 +20,7 @@ from modeling_tnn.mixer_base import TokenMixer
 from modeling_tnn.ops_dispatch import ConvolutionKernel, current_policy, plan_convolution
 from modeling_tnn.ops_dispatch import Path as DispatchPath
 from modeling_tnn.recipes.benchmarks import compact_fit, harness, plan, policies
+from modeling_tnn.recipes.benchmarks import generation as bench_generation
 from modeling_tnn.recipes.benchmarks import training as bench_training
 from modeling_tnn.recipes.benchmarks.reference_models import (
     MinimalGpt,
@@ -171,6 +172,15 @@ def test_decoding_baselines_match_the_published_counts():
         with torch.device("meta"):
             model = baseline_model(kind, "causal", mlp_width=width, positions=positions, **sizes)
         assert count_parameters(model, skip=("wpe",)) == expected
+
+
+def test_gpt2s_position_table_covers_the_prefill_longer_than_every_context():
+    """The decoding benchmark's prefill runs GPT-2 on ``--prefill_length`` tokens: a table sized for the contexts
+    alone failed with an IndexError after minutes of timing."""
+    args = bench_generation.parse_args(["--contexts", "32", "--prefill_length", "300", "--hidden_size", "64",
+                                        "--num_layers", "1", "--vocab_size", "256", "--rounds", "1"])
+    gpt2 = bench_generation.baselines(args, 100_000, [32])["gpt2"]
+    assert gpt2.config.n_positions >= 300 + (args.rounds + 1) * (harness.DECODE_TOKENS + 1)
 
 
 # -- the scoped convolution policies and the compact fit's reset -----------------------------------------------------

@@ -87,12 +87,12 @@ def baseline_sizes(args, positions: int) -> dict:
                 positions=positions)
 
 
-def baselines(args, target: int, max_context: int) -> dict[str, torch.nn.Module]:
-    """GPT-2 (a position table for every context and step timed) and Llama (rotary) with the MLP width that matches
-    ``target`` parameters (GPT-2's position table not counted)."""
+def baselines(args, target: int, contexts: list[int]) -> dict[str, torch.nn.Module]:
+    """GPT-2 (a position table for every context and step timed, and for the prefill's prompt) and Llama (rotary)
+    with the MLP width that matches ``target`` parameters (GPT-2's position table not counted)."""
     models = {}
     steps = (args.rounds + 1) * (DECODE_TOKENS + 1)  # per round an untimed step and a timed call of DECODE_TOKENS
-    for kind, positions in (("gpt2", max_context + steps + 64), ("llama", 1 << 17)):
+    for kind, positions in (("gpt2", max(*contexts, args.prefill_length) + steps + 64), ("llama", 1 << 17)):
         sizes = baseline_sizes(args, positions)
         width = matched_mlp_width(kind, "causal", target, **sizes)
         models[kind] = baseline_model(kind, "causal", mlp_width=width, **sizes).eval()
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     counts = {"tnn dense": count_parameters(dense), "tnn fd": count_parameters(fd)}
     models = {"tnn dense": dense, "tnn fd": fd, "tnn dense (exact)": dense, "no cache (dense)": dense,
               **({"tnn dense (compiled)": dense} if args.compiled else {}),
-              **baselines(args, counts["tnn dense"], max(contexts))}
+              **baselines(args, counts["tnn dense"], contexts)}
     counts["gpt2"] = count_parameters(models["gpt2"], skip=POSITION_TABLES)
     counts["gpt2 position table"] = models["gpt2"].transformer.wpe.weight.numel()
     counts["llama"] = count_parameters(models["llama"])
