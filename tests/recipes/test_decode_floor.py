@@ -1,6 +1,6 @@
 """The decode-floor benchmark on a tiny rung: the folder's JSON, table and figure; the linear floor replays exactly
-the Linear calls of a step (four per TNN block and seven per Llama layer, plus the head); the parts add up; the state
-timer leaves the states as they were."""
+the Linear calls of a step (four per TNN block and seven per Llama layer, plus the head); the parts add up; the parts
+timer leaves the states and norms as they were."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from modeling_tnn.recipes.benchmarks import decode_floor
+from modeling_tnn.rpe import SimpleRMSNorm
 from modeling_tnn.recipes.benchmarks.scale_ladder import QUICK_RUNGS, build_pair, tnn_state
 
 
@@ -36,7 +37,9 @@ def test_the_floor_replays_every_linear_call_and_the_parts_add_up(record):
     depth = tnn.config.num_hidden_layers
     assert row["linear_calls"] == {"tnn": 4 * depth + 1, "llama": 7 * llama.config.num_hidden_layers + 1}
     assert 0 < row["tnn_state_ms"] < row["tnn_step_ms"] and 0 < row["tnn_linear_ms"] < row["tnn_step_ms"]
-    assert row["tnn_linear_ms"] + row["tnn_state_ms"] + row["tnn_other_ms"] == pytest.approx(row["tnn_step_ms"])
+    assert 0 < row["tnn_norms_ms"] < row["tnn_step_ms"]
+    parts = row["tnn_linear_ms"] + row["tnn_state_ms"] + row["tnn_norms_ms"] + row["tnn_other_ms"]
+    assert parts == pytest.approx(row["tnn_step_ms"])
     assert row["ratio"] == pytest.approx(row["llama_step_ms"] / row["tnn_step_ms"])
     assert row["ceiling"] == pytest.approx(row["llama_step_ms"] / row["tnn_linear_ms"])
     assert row["budget_ms"] == pytest.approx(row["llama_step_ms"] / 1.5 - row["tnn_linear_ms"])
@@ -45,15 +48,19 @@ def test_the_floor_replays_every_linear_call_and_the_parts_add_up(record):
     assert q1 <= median <= q3 and median > -1
 
 
-def test_the_state_timer_counts_the_steps_and_restores_the_states():
+def test_the_parts_timer_counts_the_steps_and_the_norms_and_restores_the_model():
     tnn, _ = build_pair(QUICK_RUNGS["tiny-32"], 0)
+    norms = decode_floor.block_norms(tnn)
+    assert all(isinstance(module, (SimpleRMSNorm, torch.nn.LayerNorm)) for module in norms)
+    assert len(norms) == 2 * tnn.config.num_hidden_layers + (tnn.config.final_norm != "none")
     with torch.no_grad():
         cache = tnn_state(tnn, 1, 16)
         states = [layer.state for layer in cache.layers]
-        with decode_floor.state_clock(cache) as spent:
+        with decode_floor.parts_clock(tnn, cache) as spent:
             tnn(input_ids=torch.ones(1, 1, dtype=torch.long), use_cache=True, cache=cache)
-        assert spent[0] > 0
+        assert spent["state"][0] > 0 and spent["norms"][0] > 0
         assert all("step" not in vars(state) for state in states)
+        assert not any(module._forward_hooks or module._forward_pre_hooks for module in norms)
 
 
 def test_bad_arguments_name_the_flag():

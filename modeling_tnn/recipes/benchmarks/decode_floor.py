@@ -11,7 +11,8 @@ decoding state, norms, gating, Python). This benchmark measures those parts in o
   (a whole fold period of the compact state, folds included) right after an untimed call of the same; per token;
 * ``linear``: the same step's ``nn.Linear`` calls alone (recorded by hooks on one step, replayed on inputs of the
   recorded shapes): the weights' read, the floor of any implementation of the model;
-* TNN's ``state``: the time inside its layers' decoding-state steps within ``step`` (the window and the modes);
+* TNN's ``state`` and ``norms``: the time inside its layers' decoding-state steps (the window and the modes) and
+  inside its norms (forward hooks), in a call of the same steps of their own, so that ``step`` runs without timers;
 * Llama's step with a ``StaticCache`` too (allocated once, written in place; ``generate``'s
   ``cache_implementation="static"``), beside the ladder's ``DynamicCache`` (which concatenates every new key and
   value, so a step copies the whole cache): how much of TNN's lead is the dynamic cache's growth.
@@ -34,6 +35,7 @@ import torch
 from .generation import kv_cache
 from .harness import (CLOCK, DECODE_TOKENS, command_line, consecutive, interleaved, pyplot, save_figure, set_threads, workload,
                       write_report)
+from ...rpe import SimpleRMSNorm
 from .reference_models import count_parameters
 from .scale_ladder import QUICK_RUNGS, RUNGS, build_pair, decode_step, tnn_state
 
@@ -81,19 +83,37 @@ def linear_calls(step: Callable[[], object], model: torch.nn.Module) -> tuple[Ca
     return linears, len(replay)
 
 
+def block_norms(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The norms a decode step runs: every ``SimpleRMSNorm`` and ``LayerNorm`` outside the token mixers (whose RPE
+    has norms of its own, which a step does not evaluate)."""
+    return [module for name, module in model.named_modules()
+            if isinstance(module, (SimpleRMSNorm, torch.nn.LayerNorm)) and ".token_mixer." not in name]
+
+
 @contextmanager
-def state_clock(cache):
-    """Adds the seconds spent in the cache's layer states' ``step`` calls to the yielded one-element list."""
-    spent = [0.0]
+def parts_clock(model: torch.nn.Module, cache):
+    """Adds the seconds spent in the cache's layer states' ``step`` calls and in ``model``'s norms
+    (:func:`block_norms`, timed by forward hooks) to the yielded ``{"state": [s], "norms": [s]}``."""
+    spent = {"state": [0.0], "norms": [0.0]}
     states = [layer.state for layer in cache.layers if layer.state is not None]
+    started = [0.0]
 
     def timed(original):
         def step(*args, **kwargs):
             start = CLOCK()
             out = original(*args, **kwargs)
-            spent[0] += CLOCK() - start
+            spent["state"][0] += CLOCK() - start
             return out
         return step
+
+    def norm_started(module, inputs):
+        started[0] = CLOCK()
+
+    def norm_ended(module, inputs, output):
+        spent["norms"][0] += CLOCK() - started[0]
+    norms = block_norms(model)
+    hooks = [hook for module in norms for hook in (module.register_forward_pre_hook(norm_started),
+                                                   module.register_forward_hook(norm_ended))]
     for state in states:
         state.step = timed(state.step)  # an instance attribute over the class's method, removed below
     try:
@@ -101,10 +121,12 @@ def state_clock(cache):
     finally:
         for state in states:
             del state.step
+        for hook in hooks:
+            hook.remove()
 
 
 def measure(args, name: str) -> dict:
-    """One rung's step, linear floor and (TNN) state time, interleaved over ``args.rounds`` rounds."""
+    """One rung's step, linear floor and (TNN) state and norm time, interleaved over ``args.rounds`` rounds."""
     tnn, llama = build_pair(ALL_RUNGS[name], args.seed)
     with torch.no_grad():
         caches = dict(tnn=tnn_state(tnn, args.batch, args.context), llama=kv_cache(llama, args.batch, args.context))
@@ -119,14 +141,15 @@ def measure(args, name: str) -> dict:
         one_step = torch.no_grad()(decode_step(net, caches[model], args.batch, tokens=1))
         linears, counts[model] = linear_calls(one_step, net)
         floors[model] = consecutive(linears, DECODE_TOKENS)
-    state_seconds = []
+    parts_seconds = []
 
-    def tnn_step():
-        with state_clock(caches["tnn"]) as spent:
+    def tnn_parts():  # the step with its parts timed, apart from the step itself (the timers cost a few us a call)
+        with parts_clock(tnn, caches["tnn"]) as spent:
             steps["tnn"]()
-        state_seconds.append(spent[0])
+        parts_seconds.append({part: seconds for part, (seconds,) in spent.items()})
     # Each timed call after an untimed one of the same work, as the ladder times its decode steps.
-    work = {("tnn", "step"): workload(tnn_step, before=steps["tnn"]),
+    work = {("tnn", "step"): workload(steps["tnn"], before=steps["tnn"]),
+            ("tnn", "parts"): workload(tnn_parts, before=steps["tnn"]),
             ("tnn", "linear"): workload(floors["tnn"], before=floors["tnn"]),
             ("llama", "step"): workload(steps["llama"], before=steps["llama"]),
             ("llama", "linear"): workload(floors["llama"], before=floors["llama"]),
@@ -134,13 +157,15 @@ def measure(args, name: str) -> dict:
     timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
     timings = {key: timing.per(DECODE_TOKENS) for key, timing in timings.items()}
     ms = {key: timing.median * 1e3 for key, timing in timings.items()}
-    state = statistics.median(state_seconds[-args.rounds:]) * 1e3 / DECODE_TOKENS  # the timed rounds' calls
+    state, norms = (statistics.median(seconds[part] for seconds in parts_seconds[-args.rounds:]) * 1e3 / DECODE_TOKENS
+                    for part in ("state", "norms"))  # the timed rounds' calls
     # Each round's step over the linear calls timed right after it: a shared machine's slow drift cancels in the pair.
     paired = [step / floor - 1 for step, floor in zip(timings["tnn", "step"].samples, timings["tnn", "linear"].samples)]
     quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else [paired[0]] * 3
     tnn_ms, floor_ms, llama_ms = ms["tnn", "step"], ms["tnn", "linear"], ms["llama", "step"]
     return dict(rung=name, batch=args.batch, context=args.context,
-                tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_other_ms=tnn_ms - floor_ms - state,
+                tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_norms_ms=norms,
+                tnn_other_ms=tnn_ms - floor_ms - state - norms,
                 llama_step_ms=llama_ms, llama_linear_ms=ms["llama", "linear"],
                 llama_other_ms=llama_ms - ms["llama", "linear"], ratio=llama_ms / tnn_ms, ceiling=llama_ms / floor_ms,
                 llama_static_step_ms=ms["llama static", "step"], ratio_static=ms["llama static", "step"] / tnn_ms,
@@ -157,14 +182,16 @@ def paired_cell(quartiles: list[float]) -> str:
 
 
 def table(rows: list[dict], target: float) -> str:
-    lines = ["| rung | TNN step | TNN linear | TNN state | TNN other | Llama step | Llama linear | Llama other | "
+    lines = ["| rung | TNN step | TNN linear | TNN state | TNN norms | TNN other | Llama step | Llama linear | "
+             "Llama other | "
              f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) | TNN beyond linear | paired (q1-q3) | "
              "Llama static step | ratio (static) |",
-             "|" + "---|" * 15]
+             "|" + "---|" * 16]
     for row in rows:
         lines.append(
             f"| {row['rung']} b{row['batch']} @{row['context']} | {row['tnn_step_ms']:.2f} | "
-            f"{row['tnn_linear_ms']:.2f} | {row['tnn_state_ms']:.2f} | {row['tnn_other_ms']:.2f} | "
+            f"{row['tnn_linear_ms']:.2f} | {row['tnn_state_ms']:.2f} | {row['tnn_norms_ms']:.2f} | "
+            f"{row['tnn_other_ms']:.2f} | "
             f"{row['llama_step_ms']:.2f} | {row['llama_linear_ms']:.2f} | {row['llama_other_ms']:.2f} | "
             f"{row['ratio']:.2f}x | {row['ceiling']:.2f}x | {row['spent_ms']:.2f} ({row['budget_ms']:.2f}) | "
             f"{100 * row['beyond_linear']:.1f}% | {paired_cell(row['beyond_linear_paired'])} | "
@@ -172,7 +199,9 @@ def table(rows: list[dict], target: float) -> str:
     return (f"Milliseconds per decode step: each timed call runs {DECODE_TOKENS} consecutive steps (the compact state's "
             "folds among them), divided by their number; medians of interleaved rounds. linear: the step's nn.Linear "
             "calls alone; "
-            "state: TNN's decoding-state steps; other: the rest (norms, gating, attention and its cache, Python). "
+            "state and norms: the time inside TNN's decoding-state steps and inside its norms, timed in a call of "
+            "their own (the step itself runs without timers); other: the rest (gating, residuals, embedding, "
+            "attention and its cache, Python). "
             "ceiling: Llama's step over TNN's linear floor. TNN beyond linear: its step over its linear calls, minus "
             "one; paired: the median (and quartiles) of that ratio within each round. Llama's step and ratio are "
             "with transformers' default DynamicCache (the ladder's); static: with a StaticCache of the same keys "
@@ -184,9 +213,10 @@ def plot(rows: list[dict], path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.35 * 3 * len(rows)))
     labels, position, named = [], 0, set()
-    colours = dict(linear="#4c72b0", state="#dd8452", other="#8c8c8c")
+    colours = dict(linear="#4c72b0", state="#dd8452", norms="#55a868", other="#8c8c8c")
     for row in rows:
-        bars = {"TNN": dict(linear=row["tnn_linear_ms"], state=row["tnn_state_ms"], other=row["tnn_other_ms"]),
+        bars = {"TNN": dict(linear=row["tnn_linear_ms"], state=row["tnn_state_ms"], norms=row["tnn_norms_ms"],
+                            other=row["tnn_other_ms"]),
                 "Llama": dict(linear=row["llama_linear_ms"], other=row["llama_other_ms"]),
                 "Llama static": dict(linear=row["llama_linear_ms"],
                                      other=row["llama_static_step_ms"] - row["llama_linear_ms"])}
@@ -205,7 +235,7 @@ def plot(rows: list[dict], path) -> None:
     ax.set_xlabel(f"decode step / Llama's step with a DynamicCache (batch {rows[0]['batch']}, {rows[0]['context']} "
                   "tokens seen)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.3 / len(rows)), ncol=4, frameon=False)
-    ax.set_title("A decode step's parts: the weights' read, TNN's state, the rest")
+    ax.set_title("A decode step's parts: the weights' read, TNN's state and norms, the rest")
     save_figure(fig, path)
 
 
