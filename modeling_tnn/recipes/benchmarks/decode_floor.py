@@ -211,7 +211,7 @@ def table(rows: list[dict], target: float) -> str:
 
 def plot(rows: list[dict], path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.35 * 3 * len(rows)))
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.35 * 3 * len(rows)))
     labels, position, named = [], 0, set()
     colours = dict(linear="#4c72b0", state="#dd8452", norms="#55a868", other="#8c8c8c")
     for row in rows:
@@ -234,7 +234,7 @@ def plot(rows: list[dict], path) -> None:
     ax.axvline(1 / 1.5, color="black", linestyle=":", linewidth=1, label="1.5x faster than Llama")
     ax.set_xlabel(f"decode step / Llama's step with a DynamicCache (batch {rows[0]['batch']}, {rows[0]['context']} "
                   "tokens seen)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.3 / len(rows)), ncol=4, frameon=False)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # beside: one rung leaves no room below
     ax.set_title("A decode step's parts: the weights' read, TNN's state and norms, the rest")
     save_figure(fig, path)
 
