@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from modeling_tnn.recipes.benchmarks import decode_floor
-from modeling_tnn.rpe import SimpleRMSNorm
 from modeling_tnn.recipes.benchmarks.scale_ladder import QUICK_RUNGS, build_pair, tnn_state
+from modeling_tnn.rpe import SimpleRMSNorm
 
 
 @pytest.fixture(scope="module")

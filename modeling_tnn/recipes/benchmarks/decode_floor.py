@@ -32,10 +32,10 @@ from contextlib import contextmanager
 
 import torch
 
+from ...rpe import SimpleRMSNorm
 from .generation import kv_cache
 from .harness import (CLOCK, DECODE_TOKENS, command_line, consecutive, interleaved, pyplot, save_figure, set_threads, workload,
                       write_report)
-from ...rpe import SimpleRMSNorm
 from .reference_models import count_parameters
 from .scale_ladder import QUICK_RUNGS, RUNGS, build_pair, decode_step, tnn_state
 
