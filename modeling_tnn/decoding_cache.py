@@ -212,16 +212,20 @@ def mix_with_cache(mixer: TokenMixer, v: torch.Tensor, attention_mask: torch.Ten
         layer.set_states(state.prefill(mixer, v))
         return out
     # A compiled step reads the position from the counter tensor: a Python int would specialise its graph on the
-    # value (a recompilation per token), where a tensor leaves one graph for every step.
-    positions = cache.seen_counter if torch.compiler.is_compiling() else seen
+    # value (a recompilation per token), where a tensor leaves one graph for every step. The count goes along for
+    # what only branches on it (the compact state's fold: dynamo guards the branch, a graph for the steps that fold
+    # and one for the rest); not under export, whose one step must serve every position.
+    compiling = torch.compiler.is_compiling()
+    positions = cache.seen_counter if compiling else seen
+    host_count = seen if compiling and not torch.compiler.is_exporting() else None
     states = layer.states()
     if v.shape[1] == 1:
         if not state.fixed_shapes:
             states = state.reserve(mixer, states, seen)
         if state.STEPS_TOKEN_ROWS:
-            out, after = state.step(states, v, positions)
+            out, after = state.step(states, v, positions, host_count)
         else:
-            out, after = state.step(states, v[:, 0], positions)
+            out, after = state.step(states, v[:, 0], positions, host_count)
             out = out[:, None]
         out = as_dtype(out, v.dtype)
     else:  # several new tokens on a filled state: their own part in parallel, plus what the past contributes

@@ -162,14 +162,16 @@ def fold_oldest(window: torch.Tensor, modes: torch.Tensor, plan: CompactState) -
 
 
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
-                 plan: CompactState) -> torch.Tensor:
+                 plan: CompactState, host_count: int | None = None) -> torch.Tensor:
     """In place: ``v_t`` (b, c), or a token row (b, 1, c) (the output keeps its shape), takes the row of its phase
     among the K rows of new inputs and adds its contribution, through the taps, to the table rows from its phase on;
     the output is the table row of its phase. Every ``K`` positions a fold first moves the K oldest inputs into the
     modes (:func:`frontier`) and tables what the modes and the W inputs before it contribute to the next K outputs.
     Between folds a step touches neither the modes nor the W older inputs. Rows at their own positions (a tensor)
     fold where their position says: on the CPU only the rows that fold compute it; elsewhere every row's fold is
-    computed and kept where the row folds (:func:`reads_rows_on_host`)."""
+    computed and kept where the row folds (:func:`reads_rows_on_host`), unless the caller passes ``host_count``,
+    the count every row shares as a Python int (a compiled step's), on which the fold is a branch: a graph that
+    folds and one that does not, instead of every layer's fold at every token."""
     capacity, fold_every = plan.capacity, plan.fold_every
     length = capacity + fold_every
     keepdim = v_t.dim() == 3
@@ -190,7 +192,10 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     b, _, c = window.shape
     phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
     folds = phase == 0
-    if reads_rows_on_host(positions):  # fold the rows that fold alone (most steps none)
+    if host_count is not None:  # every row at one count the host holds: fold when due (dynamo guards the branch)
+        if (host_count + 1 - capacity) % fold_every == 0:
+            fold_oldest(window, modes, plan)
+    elif reads_rows_on_host(positions):  # fold the rows that fold alone (most steps none)
         rows = folds.nonzero()[:, 0]
         if rows.numel():
             part, part_modes = window.index_select(0, rows), modes.index_select(0, rows)
@@ -364,9 +369,10 @@ class CompactState(DecodingState):
                              "own positions with chunk")
         return compact_prefill(v, positions, self)
 
-    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions,
+             host_count: int | None = None) -> tuple[torch.Tensor, States]:
         window, modes = states
-        return compact_step(window, modes, v_t, positions, self), states
+        return compact_step(window, modes, v_t, positions, self, host_count), states
 
     def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,
               positions: Positions) -> tuple[torch.Tensor, States]:

@@ -137,7 +137,8 @@ class SsmState(DecodingState):
             self.taps_twice = reversed_taps(mixer, self.period, v.device, compute_dtype(v.dtype))
         return (window_prefill(v, positions, self.period),)
 
-    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions,
+             host_count: int | None = None) -> tuple[torch.Tensor, States]:
         seen = one_position(positions, self.PLAN)
         state = states[0]
         if seen >= self.period:

@@ -76,9 +76,13 @@ class DecodingState:
         held (zero inputs: a prompt starts at 0)."""
         raise NotImplementedError
 
-    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions,
+             host_count: int | None = None) -> tuple[torch.Tensor, States]:
         """One token's mixer input ``v_t`` (b, c) after ``positions`` tokens: its output (b, c) and the states (a
-        state that sets :attr:`STEPS_TOKEN_ROWS` takes ``v_t`` (b, 1, c) too, and returns (b, 1, c) for it)."""
+        state that sets :attr:`STEPS_TOKEN_ROWS` takes ``v_t`` (b, 1, c) too, and returns (b, 1, c) for it).
+        ``host_count``: where ``positions`` is a tensor that every row shares, the same count as a Python int, when
+        the caller holds one (a compiled step: its graph indexes with the tensor and may branch on the count); a
+        state whose step takes no branch by position has no use for it."""
         raise NotImplementedError
 
     def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,

@@ -183,7 +183,8 @@ class WindowState(DecodingState):
         history = window_history(buffer, positions)  # a full history: grow it
         return self.prefill(mixer, history, positions - history.shape[1])
 
-    def step(self, states: States, v_t: torch.Tensor, positions: Positions) -> tuple[torch.Tensor, States]:
+    def step(self, states: States, v_t: torch.Tensor, positions: Positions,
+             host_count: int | None = None) -> tuple[torch.Tensor, States]:
         return window_step(states[0], self.taps_twice, v_t, positions), states
 
     def chunk(self, mixer: TokenMixer, states: States, v: torch.Tensor,

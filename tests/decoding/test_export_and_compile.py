@@ -102,10 +102,37 @@ def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
         assert cache.is_compileable
         config = CompileConfig(backend="eager", fullgraph=True, dynamic=None)
         config._compile_all_devices = True  # generate compiles on CPU only when told to
-        with torch._dynamo.config.patch(recompile_limit=2):  # the first step's count, then a dynamic one
+        with torch._dynamo.config.patch(recompile_limit=3):  # the first step's count, then a dynamic one; it folds or not
             compiled = model.generate(prompt, **{CACHE_FIELD: cache}, compile_config=config, **greedy)
     assert hasattr(model, "_compiled_call"), "generate did not take its compiled path"
     assert torch.equal(compiled, eager)
+
+
+def test_a_compiled_step_folds_only_when_due():
+    """A compiled decode step of the compact state branches on the host's count: the graph of the steps between folds
+    holds no fold (the fold's depthwise convolution is absent), the folding steps get a graph of their own, and every
+    step gives the eager logits, across two fold periods."""
+    torch._dynamo.reset()
+    model = TnnForCausalLM(tiny_config("dense", decay_gamma=0.9)).eval()
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append({str(node.target) for node in graph.graph.nodes if node.op == "call_function"})
+        return graph.forward
+    compiled = torch.compile(model, backend=recording)
+    prompt, tokens = torch.randint(1, 128, (2, 40)), torch.randint(1, 128, (2, 33))
+    with torch.no_grad():
+        compiled_cache = getattr(model(input_ids=prompt, generation_cache="auto"), CACHE_FIELD)
+        eager_cache = copy.deepcopy(compiled_cache)
+        assert compiled_cache.layers[0].state.PLAN == "compact"
+        with torch._dynamo.config.patch(recompile_limit=3):  # the first count's graph, then folding or not
+            for k in range(tokens.shape[1]):
+                token = tokens[:, k:k + 1]
+                step = compiled(input_ids=token, **{CACHE_FIELD: compiled_cache})
+                eager = model(input_ids=token, **{CACHE_FIELD: eager_cache})
+                torch.testing.assert_close(step.logits, eager.logits)
+    folding = ["conv2d" in " ".join(targets) for targets in graphs]
+    assert len(graphs) == 3 and True in folding and False in folding, folding
 
 
 @pytest.mark.parametrize("mixer, gamma, mode, compileable", [
