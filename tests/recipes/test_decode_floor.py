@@ -63,6 +63,22 @@ def test_the_parts_timer_counts_the_steps_and_the_norms_and_restores_the_model()
         assert not any(module._forward_hooks or module._forward_pre_hooks for module in norms)
 
 
+def test_the_compiled_step_gets_its_column(tmp_path, monkeypatch):
+    """--compiled 1 times the step through torch.compile on the same cache (here dynamo with the eager backend:
+    inductor's C++ build takes minutes), and the table gives it with its share beyond the linear calls; without it
+    the cell is a dash."""
+    compile_eager = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: compile_eager(model, backend="eager"))
+    torch._dynamo.reset()
+    decode_floor.main(["--rungs", "tiny-32", "--context", "64", "--rounds", "1", "--compiled", "1",
+                       "--output_dir", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert row["tnn_compiled_step_ms"] > 0
+    beyond = 100 * (row["tnn_compiled_step_ms"] / row["tnn_linear_ms"] - 1)
+    assert f"| {row['tnn_compiled_step_ms']:.2f} ({beyond:.1f}%) |" in (tmp_path / "table.md").read_text()
+    assert decode_floor.compiled_cell({"tnn_compiled_step_ms": None}) == "-"
+
+
 def test_bad_arguments_name_the_flag():
     with pytest.raises(ValueError, match="--rungs"):
         decode_floor.parse_args(["--rungs", "nope"])

@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=2048, help="tokens the state has seen")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds")
     parser.add_argument("--target", type=float, default=1.5, help="the decode ratio the budget is computed for")
+    parser.add_argument("--compiled", type=int, default=0, choices=(0, 1),
+                        help="1: also time TNN's step torch.compile'd (inductor; compiled in the warm-up round)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output_dir", default="results/bench_decode_floor")
@@ -154,6 +156,9 @@ def measure(args, name: str) -> dict:
             ("llama", "step"): workload(steps["llama"], before=steps["llama"]),
             ("llama", "linear"): workload(floors["llama"], before=floors["llama"]),
             ("llama static", "step"): workload(steps["llama static"], before=steps["llama static"])}
+    if args.compiled:  # on the same cache: its graphs (the first count's, then folding or not) built while warming up
+        compiled = torch.no_grad()(decode_step(torch.compile(tnn), caches["tnn"], args.batch))
+        work["tnn compiled", "step"] = workload(compiled, before=compiled)
     timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
     timings = {key: timing.per(DECODE_TOKENS) for key, timing in timings.items()}
     ms = {key: timing.median * 1e3 for key, timing in timings.items()}
@@ -171,6 +176,7 @@ def measure(args, name: str) -> dict:
                 llama_static_step_ms=ms["llama static", "step"], ratio_static=ms["llama static", "step"] / tnn_ms,
                 budget_ms=llama_ms / args.target - floor_ms, spent_ms=tnn_ms - floor_ms,
                 beyond_linear=tnn_ms / floor_ms - 1, beyond_linear_paired=quartiles, linear_calls=counts,
+                tnn_compiled_step_ms=ms.get(("tnn compiled", "step")),
                 parameters=dict(tnn=count_parameters(tnn), llama=count_parameters(llama)),
                 spread={f"{model} {part}": timing.summary() for (model, part), timing in timings.items()})
 
@@ -181,12 +187,18 @@ def paired_cell(quartiles: list[float]) -> str:
     return f"{median:.1f}% ({q1:.1f}-{q3:.1f}%)"
 
 
+def compiled_cell(row: dict) -> str:
+    """``ms (x% beyond linear)`` of TNN's compiled step, ``-`` where it was not timed."""
+    compiled = row.get("tnn_compiled_step_ms")
+    return "-" if compiled is None else f"{compiled:.2f} ({100 * (compiled / row['tnn_linear_ms'] - 1):.1f}%)"
+
+
 def table(rows: list[dict], target: float) -> str:
     lines = ["| rung | TNN step | TNN linear | TNN state | TNN norms | TNN other | Llama step | Llama linear | "
              "Llama other | "
              f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) | TNN beyond linear | paired (q1-q3) | "
-             "Llama static step | ratio (static) |",
-             "|" + "---|" * 16]
+             "Llama static step | ratio (static) | TNN compiled step (beyond linear) |",
+             "|" + "---|" * 17]
     for row in rows:
         lines.append(
             f"| {row['rung']} b{row['batch']} @{row['context']} | {row['tnn_step_ms']:.2f} | "
@@ -195,7 +207,7 @@ def table(rows: list[dict], target: float) -> str:
             f"{row['llama_step_ms']:.2f} | {row['llama_linear_ms']:.2f} | {row['llama_other_ms']:.2f} | "
             f"{row['ratio']:.2f}x | {row['ceiling']:.2f}x | {row['spent_ms']:.2f} ({row['budget_ms']:.2f}) | "
             f"{100 * row['beyond_linear']:.1f}% | {paired_cell(row['beyond_linear_paired'])} | "
-            f"{row['llama_static_step_ms']:.2f} | {row['ratio_static']:.2f}x |")
+            f"{row['llama_static_step_ms']:.2f} | {row['ratio_static']:.2f}x | {compiled_cell(row)} |")
     return (f"Milliseconds per decode step: each timed call runs {DECODE_TOKENS} consecutive steps (the compact state's "
             "folds among them), divided by their number; medians of interleaved rounds. linear: the step's nn.Linear "
             "calls alone; "
@@ -205,7 +217,7 @@ def table(rows: list[dict], target: float) -> str:
             "ceiling: Llama's step over TNN's linear floor. TNN beyond linear: its step over its linear calls, minus "
             "one; paired: the median (and quartiles) of that ratio within each round. Llama's step and ratio are "
             "with transformers' default DynamicCache (the ladder's); static: with a StaticCache of the same keys "
-            "and values.\n\n"
+            "and values. TNN compiled: the same step torch.compile'd (inductor; --compiled 1), on the same cache.\n\n"
             + "\n".join(lines) + "\n")
 
 
