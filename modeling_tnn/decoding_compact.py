@@ -190,7 +190,8 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
         table = window[:, length + phase:length + phase + 1] if keepdim else window[:, length + phase]
         return table.clone()  # the table row is rewritten at the next fold
     b, _, c = window.shape
-    phase = torch.remainder(positions + 1 - capacity, fold_every).expand(b)
+    phases = torch.remainder(positions + 1 - capacity, fold_every)  # (1,) where every row is at one position
+    phase = phases.expand(b)
     folds = phase == 0
     if host_count is not None:  # every row at one count the host holds: fold when due (dynamo guards the branch)
         if (host_count + 1 - capacity) % fold_every == 0:
@@ -208,7 +209,7 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
         window.copy_(torch.where(folds[:, None, None], folded, window))
         modes.copy_(torch.where(folds[:, None, None, None], folded_modes, modes))
     slot_write(window, capacity + phase, v_t)
-    window[:, length:].addcmul_(v_t.view(b, 1, c), plan.step_taps(phase))
+    window[:, length:].addcmul_(v_t.view(b, 1, c), plan.step_taps(phases))  # one row of taps for rows at one phase
     table = window.gather(1, (length + phase)[:, None, None].expand(b, 1, c))
     return table if keepdim else table[:, 0]
 
@@ -306,8 +307,8 @@ class CompactState(DecodingState):
         """What a step at ``phase`` (the e-th position since a fold) multiplies its input by. An int: (2, 1, K - e, c),
         for its row of new inputs and the rows after it (1, then zeros) and for the table rows from e on (the taps of
         lags 0 .. K-1-e); one of K views made once (a step at batch 1 is bound by its operator calls). A tensor of
-        phases: (b, K, c) for the table rows, the taps of lag ``m - e`` for row ``m`` (zero before e), gathered per
-        row."""
+        n phases (one per batch row, or one for every row): (n, K, c) for the table rows, the taps of lag ``m - e``
+        for row ``m`` (zero before e), gathered per phase."""
         fold_every, length = self.fold_every, self.capacity + self.fold_every
         if self._step_taps is None or self._step_taps[0] is not self.taps_twice:
             taps = self.taps_twice[length - fold_every:length].flip(0)                     # lags 0 .. K-1

@@ -109,6 +109,28 @@ def test_rows_folding_at_different_steps_step_together_as_each_alone(fold_every,
         torch.testing.assert_close(together[row:row + 1], alone[row], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("given_count", [True, False])  # True: a compiled step's, the fold a branch on the count
+@pytest.mark.parametrize("fold_every", FOLDS)
+def test_rows_at_one_position_given_as_a_tensor_step_as_with_an_int(fold_every, given_count, monkeypatch):
+    """A (1,) counter for a batch of rows at one position (how a compiled step reads the cache's count), with the count
+    as a host int beside it or not, gives the int path's outputs and states over two fold periods."""
+    monkeypatch.setattr(decoding_compact, "reads_rows_on_host", lambda positions: False)
+    mixer = _mixer()
+    plan, _ = _plan(mixer, fold_every)
+    prompt, steps = plan.capacity + 1, 2 * fold_every + 3
+    v = torch.randn(3, prompt + steps, mixer.channels, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        by_int = plan.prefill(mixer, v[:, :prompt])
+        by_tensor = tuple(state.clone() for state in by_int)
+        for position in range(prompt, prompt + steps):
+            expected, by_int = plan.step(by_int, v[:, position], position)
+            out, by_tensor = plan.step(by_tensor, v[:, position], torch.tensor([position]),
+                                       position if given_count else None)
+            torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    for state, reference in zip(by_tensor, by_int):
+        torch.testing.assert_close(state, reference, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("fold_every", FOLDS)
 def test_a_chunk_across_folds_continues_the_state(fold_every):
     """Steps, then a chunk spanning folds, then steps: the compact kernel's outputs (the chunk reads its ring's

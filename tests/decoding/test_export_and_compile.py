@@ -85,8 +85,9 @@ def test_compiled_model_gives_the_eager_outputs(mixer):
 @pytest.mark.parametrize("mixer, mode", [("dense", "auto"), ("fd", "auto"), ("dense", "exact")])
 def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
     """transformers' compiled path: generate with a ``compile_config`` and a user cache that says it is compileable
-    compiles the decode step with ``fullgraph=True`` (a graph break fails), and one graph serves every step: the ring
-    slots come from a tensor counter, not from the Python count, which would recompile at each step."""
+    compiles the decode step with ``fullgraph=True`` (a graph break fails), and three graphs serve every step (the
+    first count's, then the steps that fold and those that do not): the ring slots come from a tensor counter, not
+    from the Python count, which would recompile at each phase."""
     from transformers import CompileConfig
 
     from modeling_tnn.decoding_cache import TnnCache
@@ -102,7 +103,7 @@ def test_compiled_generate_gives_the_eager_greedy_tokens(mixer, mode):
         assert cache.is_compileable
         config = CompileConfig(backend="eager", fullgraph=True, dynamic=None)
         config._compile_all_devices = True  # generate compiles on CPU only when told to
-        with torch._dynamo.config.patch(recompile_limit=3):  # the first step's count, then a dynamic one; it folds or not
+        with torch._dynamo.config.patch(recompile_limit=3):  # the first count's graph, then folding or not
             compiled = model.generate(prompt, **{CACHE_FIELD: cache}, compile_config=config, **greedy)
     assert hasattr(model, "_compiled_call"), "generate did not take its compiled path"
     assert torch.equal(compiled, eager)
