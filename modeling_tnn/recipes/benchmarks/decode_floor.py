@@ -157,6 +157,7 @@ def measure(args, name: str) -> dict:
             ("llama", "linear"): workload(floors["llama"], before=floors["llama"]),
             ("llama static", "step"): workload(steps["llama static"], before=steps["llama static"])}
     if args.compiled:  # on the same cache: its graphs (the first count's, then folding or not) built while warming up
+        torch._dynamo.reset()  # dynamo counts graphs per code object: an earlier rung's would use up the limit
         compiled = torch.no_grad()(decode_step(torch.compile(tnn), caches["tnn"], args.batch))
         work["tnn compiled", "step"] = workload(compiled, before=compiled)
     timings = interleaved(work, rounds=args.rounds, warmup=1, progress=f"{name} decode parts")
