@@ -74,7 +74,7 @@ PLAN = (
                                           "--prefill_rounds", "2", "--error_multiples", "1,4,16",
                                           "--streamer_points", "1x256,1x2048,8x256,8x2048", "--streamer_rounds", "2",
                                           "--compiled", "0"), GENERATION_QUICK),
-    # TNN dense's step torch.compile'd (inductor) beside eager at 2,048 tokens, batch 1 and 8 (80 seconds in the
+    # TNN dense's step torch.compile'd (inductor) beside eager at 2,048 tokens, batch 1 and 8 (133 seconds in the
     # published run, the compiling included): whether the compiled path generate offers is worth taking.
     Step("bench_generation_compiled", GENERATION, ("--contexts", "2048", "--batch_sizes", "1,8", "--rounds", "10",
                                                    "--prefill_length", "2048", "--prefill_rounds", "1",
@@ -85,7 +85,8 @@ PLAN = (
     # A decode step's parts (the weights' read, TNN's state and norms, the rest) on the scale ladder's models (32
     # minutes in the published run: 40 rounds, each timed call 16 steps); the same at batch 8 after 256 tokens, 350M
     # (12 minutes).
-    Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M", "--rounds", "40"),
+    Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M", "--rounds", "40",
+                                                                     "--compiled", "1"),
          ("--rungs", "tiny-32", "--context", "64", "--rounds", "2")),
     Step("bench_decode_floor_b8", "run_scripts/bench_decode_floor.py",
          ("--rungs", "350M", "--batch", "8", "--context", "256", "--rounds", "10"),
