@@ -190,6 +190,9 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
         table = window[:, length + phase:length + phase + 1] if keepdim else window[:, length + phase]
         return table.clone()  # the table row is rewritten at the next fold
     b, _, c = window.shape
+    if host_count is not None and positions.numel() != 1:  # a shape, not a value: no host read
+        raise ValueError(f"host_count is the one count every row shares; positions holds {positions.numel()} "
+                         "counts (rows at their own positions fold where each says: pass host_count=None).")
     phases = torch.remainder(positions + 1 - capacity, fold_every)  # (1,) where every row is at one position
     phase = phases.expand(b)
     folds = phase == 0

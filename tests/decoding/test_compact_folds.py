@@ -221,3 +221,12 @@ def test_a_fold_of_grouped_channels_gives_the_modes_and_readout_rows_in_channel_
     torch.testing.assert_close(to_channel_order(modes, tables).to(torch.complex128), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(window[:, 3:].double(), rows, atol=1e-5, rtol=1e-5)
     assert not window[:, :3].any()  # the ring's rows untouched
+
+
+def test_a_host_count_with_rows_at_their_own_positions_is_refused():
+    mixer = _mixer()
+    plan, _ = _plan(mixer, 16)
+    with torch.no_grad():
+        states = plan.prefill(mixer, torch.randn(2, plan.capacity + 1, mixer.channels))
+        with pytest.raises(ValueError, match="host_count"):
+            plan.step(states, torch.randn(2, mixer.channels), torch.tensor([4, 5]), 4)
