@@ -161,6 +161,12 @@ def fold_oldest(window: torch.Tensor, modes: torch.Tensor, plan: CompactState) -
     table += lag_contribution(window[:, :capacity], plan)  # the new rows are zero: W rows are all that count
 
 
+def step_phase(seen: Positions, plan: CompactState) -> Positions:
+    """The phase of the step after ``seen`` inputs (a count, or a tensor of counts): the e-th position since the last
+    fold, 0 where the step folds first."""
+    return (seen + 1 - plan.capacity) % plan.fold_every
+
+
 def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, positions: Positions,
                  plan: CompactState, host_count: int | None = None) -> torch.Tensor:
     """In place: ``v_t`` (b, c), or a token row (b, 1, c) (the output keeps its shape), takes the row of its phase
@@ -176,7 +182,7 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     length = capacity + fold_every
     keepdim = v_t.dim() == 3
     if not isinstance(positions, torch.Tensor):  # a count (an int, or a size under export)
-        phase = (positions + 1 - capacity) % fold_every
+        phase = step_phase(positions, plan)
         if phase == 0:
             fold_oldest(window, modes, plan)
         # The phase's row of new inputs (still zero) and the table rows from the phase on lie K rows apart: one view
@@ -193,20 +199,20 @@ def compact_step(window: torch.Tensor, modes: torch.Tensor, v_t: torch.Tensor, p
     if host_count is not None and positions.numel() != 1:  # a shape, not a value: no host read
         raise ValueError(f"host_count is the one count every row shares; positions holds {positions.numel()} "
                          "counts (rows at their own positions fold where each says: pass host_count=None).")
-    phases = torch.remainder(positions + 1 - capacity, fold_every)  # (1,) where every row is at one position
+    phases = step_phase(positions, plan)  # (1,) where every row is at one position
     phase = phases.expand(b)
-    folds = phase == 0
     if host_count is not None:  # every row at one count the host holds: fold when due (dynamo guards the branch)
-        if (host_count + 1 - capacity) % fold_every == 0:
+        if step_phase(host_count, plan) == 0:
             fold_oldest(window, modes, plan)
     elif reads_rows_on_host(positions):  # fold the rows that fold alone (most steps none)
-        rows = folds.nonzero()[:, 0]
+        rows = (phase == 0).nonzero()[:, 0]
         if rows.numel():
             part, part_modes = window.index_select(0, rows), modes.index_select(0, rows)
             fold_oldest(part, part_modes, plan)
             window.index_copy_(0, rows, part)
             modes.index_copy_(0, rows, part_modes)
     else:  # no host read on an accelerator: every row's fold computed, kept where the row folds
+        folds = phase == 0
         folded, folded_modes = window.clone(), modes.clone()
         fold_oldest(folded, folded_modes, plan)
         window.copy_(torch.where(folds[:, None, None], folded, window))
