@@ -335,11 +335,16 @@ class CompactState(DecodingState):
     def lag_weight(self, rows: int) -> torch.Tensor:
         """:func:`lag_contribution`'s depthwise kernel (c, 1, 1, n + K - 1) for the window's first n ``rows``: each
         channel's taps of lags W + K - 1 .. 1 for n = W (a fold), down to lag 1 - K for n = W + K; made once."""
+        def kernel(n: int) -> torch.Tensor:
+            return self.taps_twice[:n + self.fold_every - 1].t().contiguous()[:, None, None]
         if self._lag_weights[0] is not self.taps_twice:
-            self._lag_weights = (self.taps_twice, {})
+            # A fold's kernel and a prefill's, made together by the (eager) prefill: a memo first filled inside a
+            # compiled fold cost one more graph.
+            self._lag_weights = (self.taps_twice, {n: kernel(n) for n in (self.capacity,
+                                                                         self.capacity + self.fold_every)})
         weights = self._lag_weights[1]
         if rows not in weights:
-            weights[rows] = self.taps_twice[:rows + self.fold_every - 1].t().contiguous()[:, None, None]
+            weights[rows] = kernel(rows)
         return weights[rows]
 
     def fold_tables(self) -> FoldTables:
