@@ -79,6 +79,37 @@ def test_the_compiled_step_gets_its_column(tmp_path, monkeypatch):
     assert decode_floor.compiled_cell({"tnn_compiled_step_ms": None}) == "-"
 
 
+def test_the_narrow_head_gets_its_column_and_the_head_comes_back(tmp_path):
+    """--narrow_head 1 times TNN's step and its linear calls with a hidden x hidden head (the floor then replays that
+    head), and the table gives its share beyond the linear calls and the head's share of the excess; without it the
+    cell is a dash. The swap restores the model's own head, on error too."""
+    decode_floor.main(["--rungs", "tiny-32", "--context", "64", "--rounds", "1", "--narrow_head", "1",
+                       "--output_dir", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert 0 < row["narrow_head_linear_ms"] < row["narrow_head_step_ms"]
+    narrow_ratio = row["narrow_head_step_ms"] / row["narrow_head_linear_ms"]
+    assert row["narrow_head_beyond_linear"] == pytest.approx(narrow_ratio - 1)
+    assert row["head_share_ms"] == pytest.approx(row["spent_ms"] - (row["narrow_head_step_ms"]
+                                                                    - row["narrow_head_linear_ms"]))
+    cell = f"| {100 * row['narrow_head_beyond_linear']:.1f}% ({row['head_share_ms']:.2f} ms) |"
+    assert cell in (tmp_path / "table.md").read_text()
+    assert decode_floor.narrow_head_cell({"narrow_head_beyond_linear": None}) == "-"
+
+    tnn, _ = build_pair(QUICK_RUNGS["tiny-32"], 0)
+    head, width = tnn.lm_head, tnn.config.hidden_size
+    with torch.no_grad():
+        cache = tnn_state(tnn, 1, 16)
+        step, floor = decode_floor.narrow_head_work(tnn, cache, 1)
+        seen = cache.get_seq_length()
+        step()
+        assert cache.get_seq_length() == seen + decode_floor.DECODE_TOKENS and tnn.lm_head is head
+        with pytest.raises(RuntimeError, match="inside"):
+            with decode_floor.swapped_head(tnn, torch.nn.Linear(width, width)):
+                assert tnn.lm_head is not head
+                raise RuntimeError("inside")
+    assert tnn.lm_head is head
+
+
 def test_bad_arguments_name_the_flag():
     with pytest.raises(ValueError, match="--rungs"):
         decode_floor.parse_args(["--rungs", "nope"])

@@ -13,6 +13,10 @@ decoding state, norms, gating, Python). This benchmark measures those parts in o
   recorded shapes): the weights' read, the floor of any implementation of the model;
 * TNN's ``state`` and ``norms``: the time inside its layers' decoding-state steps (the window and the modes) and
   inside its norms (forward hooks), in a call of the same steps of their own, so that ``step`` runs without timers;
+* with ``--narrow_head 1``, TNN's step and its linear calls again with the LM head swapped for a hidden x hidden
+  one (:func:`swapped_head`): at the ladder's sizes the head is the largest weight (the 48.7M rung's, 50,264 x 512,
+  is 103 MB, over half the step's read), and its read evicts the last-level cache that the rest of the step
+  runs from. ``head_share_ms`` is how much less the step spends beyond its linear calls without it;
 * Llama's step with a ``StaticCache`` too (allocated once, written in place; ``generate``'s
   ``cache_implementation="static"``), beside the ladder's ``DynamicCache`` (which concatenates every new key and
   value, so a step copies the whole cache): how much of TNN's lead is the dynamic cache's growth.
@@ -52,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", type=float, default=1.5, help="the decode ratio the budget is computed for")
     parser.add_argument("--compiled", type=int, default=0, choices=(0, 1),
                         help="1: also time TNN's step torch.compile'd (inductor; compiled in the warm-up round)")
+    parser.add_argument("--narrow_head", type=int, default=0, choices=(0, 1),
+                        help="1: also time TNN's step and its linear calls with a hidden x hidden LM head, to measure "
+                             "what the head's read costs the rest of the step")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output_dir", default="results/bench_decode_floor")
@@ -83,6 +90,32 @@ def linear_calls(step: Callable[[], object], model: torch.nn.Module) -> tuple[Ca
         for module, x in replay:
             module(x)
     return linears, len(replay)
+
+
+@contextmanager
+def swapped_head(model: torch.nn.Module, head: torch.nn.Module):
+    """``model.lm_head`` replaced by ``head`` inside the block, restored after (on error too)."""
+    original = model.lm_head
+    model.lm_head = head
+    try:
+        yield
+    finally:
+        model.lm_head = original
+
+
+def narrow_head_work(model: torch.nn.Module, cache, batch: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``model``'s decode steps on ``cache`` (``DECODE_TOKENS`` a call) and their linear calls, both with the LM head
+    swapped for a hidden x hidden ``nn.Linear`` (:func:`swapped_head`) for the call's duration."""
+    width = model.config.hidden_size
+    head = torch.nn.Linear(width, width, bias=False)
+    steps = torch.no_grad()(decode_step(model, cache, batch))
+    with swapped_head(model, head):
+        linears, _ = linear_calls(torch.no_grad()(decode_step(model, cache, batch, tokens=1)), model)
+
+    def step():
+        with swapped_head(model, head):
+            steps()
+    return step, consecutive(linears, DECODE_TOKENS)
 
 
 def block_norms(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -156,6 +189,10 @@ def measure(args, name: str) -> dict:
             ("llama", "step"): workload(steps["llama"], before=steps["llama"]),
             ("llama", "linear"): workload(floors["llama"], before=floors["llama"]),
             ("llama static", "step"): workload(steps["llama static"], before=steps["llama static"])}
+    if args.narrow_head:  # on the same cache
+        narrow_step, narrow_floor = narrow_head_work(tnn, caches["tnn"], args.batch)
+        work["tnn narrow head", "step"] = workload(narrow_step, before=narrow_step)
+        work["tnn narrow head", "linear"] = workload(narrow_floor, before=narrow_floor)
     if args.compiled:  # on the same cache: its graphs (the first count's, then folding or not) built while warming up
         torch._dynamo.reset()  # dynamo counts graphs per code object: an earlier rung's would use up the limit
         compiled = torch.no_grad()(decode_step(torch.compile(tnn), caches["tnn"], args.batch))
@@ -169,6 +206,12 @@ def measure(args, name: str) -> dict:
     paired = [step / floor - 1 for step, floor in zip(timings["tnn", "step"].samples, timings["tnn", "linear"].samples)]
     quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else [paired[0]] * 3
     tnn_ms, floor_ms, llama_ms = ms["tnn", "step"], ms["tnn", "linear"], ms["llama", "step"]
+    narrow_ms, narrow_floor_ms = ms.get(("tnn narrow head", "step")), ms.get(("tnn narrow head", "linear"))
+    narrow = (dict(narrow_head_step_ms=None, narrow_head_linear_ms=None, narrow_head_beyond_linear=None,
+                   head_share_ms=None) if narrow_ms is None else
+              dict(narrow_head_step_ms=narrow_ms, narrow_head_linear_ms=narrow_floor_ms,
+                   narrow_head_beyond_linear=narrow_ms / narrow_floor_ms - 1,
+                   head_share_ms=(tnn_ms - floor_ms) - (narrow_ms - narrow_floor_ms)))
     return dict(rung=name, batch=args.batch, context=args.context,
                 tnn_step_ms=tnn_ms, tnn_linear_ms=floor_ms, tnn_state_ms=state, tnn_norms_ms=norms,
                 tnn_other_ms=tnn_ms - floor_ms - state - norms,
@@ -177,7 +220,7 @@ def measure(args, name: str) -> dict:
                 llama_static_step_ms=ms["llama static", "step"], ratio_static=ms["llama static", "step"] / tnn_ms,
                 budget_ms=llama_ms / args.target - floor_ms, spent_ms=tnn_ms - floor_ms,
                 beyond_linear=tnn_ms / floor_ms - 1, beyond_linear_paired=quartiles, linear_calls=counts,
-                tnn_compiled_step_ms=ms.get(("tnn compiled", "step")),
+                tnn_compiled_step_ms=ms.get(("tnn compiled", "step")), **narrow,
                 parameters=dict(tnn=count_parameters(tnn), llama=count_parameters(llama)),
                 spread={f"{model} {part}": timing.summary() for (model, part), timing in timings.items()})
 
@@ -194,12 +237,20 @@ def compiled_cell(row: dict) -> str:
     return "-" if compiled is None else f"{compiled:.2f} ({100 * (compiled / row['tnn_linear_ms'] - 1):.1f}%)"
 
 
+def narrow_head_cell(row: dict) -> str:
+    """``x% (y ms)``: TNN's step beyond its linear calls with a hidden x hidden head, and how many ms less it spends
+    beyond them than with its own head; ``-`` where it was not timed."""
+    beyond = row.get("narrow_head_beyond_linear")
+    return "-" if beyond is None else f"{100 * beyond:.1f}% ({row['head_share_ms']:.2f} ms)"
+
+
 def table(rows: list[dict], target: float) -> str:
     lines = ["| rung | TNN step | TNN linear | TNN state | TNN norms | TNN other | Llama step | Llama linear | "
              "Llama other | "
              f"ratio | ceiling | TNN beyond floor (budget for {target:g}x) | TNN beyond linear | paired (q1-q3) | "
-             "Llama static step | ratio (static) | TNN compiled step (beyond linear) |",
-             "|" + "---|" * 17]
+             "Llama static step | ratio (static) | TNN compiled step (beyond linear) | "
+             "TNN beyond linear, narrow head (head's share) |",
+             "|" + "---|" * 18]
     for row in rows:
         lines.append(
             f"| {row['rung']} b{row['batch']} @{row['context']} | {row['tnn_step_ms']:.2f} | "
@@ -208,7 +259,8 @@ def table(rows: list[dict], target: float) -> str:
             f"{row['llama_step_ms']:.2f} | {row['llama_linear_ms']:.2f} | {row['llama_other_ms']:.2f} | "
             f"{row['ratio']:.2f}x | {row['ceiling']:.2f}x | {row['spent_ms']:.2f} ({row['budget_ms']:.2f}) | "
             f"{100 * row['beyond_linear']:.1f}% | {paired_cell(row['beyond_linear_paired'])} | "
-            f"{row['llama_static_step_ms']:.2f} | {row['ratio_static']:.2f}x | {compiled_cell(row)} |")
+            f"{row['llama_static_step_ms']:.2f} | {row['ratio_static']:.2f}x | {compiled_cell(row)} | "
+            f"{narrow_head_cell(row)} |")
     return (f"Milliseconds per decode step: each timed call runs {DECODE_TOKENS} consecutive steps (the compact state's "
             "folds among them), divided by their number; medians of interleaved rounds. linear: the step's nn.Linear "
             "calls alone; "
@@ -218,7 +270,10 @@ def table(rows: list[dict], target: float) -> str:
             "ceiling: Llama's step over TNN's linear floor. TNN beyond linear: its step over its linear calls, minus "
             "one; paired: the median (and quartiles) of that ratio within each round. Llama's step and ratio are "
             "with transformers' default DynamicCache (the ladder's); static: with a StaticCache of the same keys "
-            "and values. TNN compiled: the same step torch.compile'd (inductor; --compiled 1), on the same cache.\n\n"
+            "and values. TNN compiled: the same step torch.compile'd (inductor; --compiled 1), on the same cache. "
+            "Narrow head (--narrow_head 1): TNN's step and its linear calls with the LM head swapped for a hidden x "
+            "hidden one, beyond linear as above; the head's share: how many ms more the step spends beyond its linear "
+            "calls with its own head (whose read evicts the caches the rest of the step runs from).\n\n"
             + "\n".join(lines) + "\n")
 
 
