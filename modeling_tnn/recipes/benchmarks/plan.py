@@ -83,7 +83,7 @@ PLAN = (
          (*GENERATION_QUICK, "--streamer_rounds", "0", "--compiled", "1")),
     Step("bench_decode_profile", GENERATION, ("--profile_only", "1"), (*GENERATION_QUICK, "--profile_only", "1")),
     # A decode step's parts (the weights' read, TNN's state and norms, the rest), the step compiled and with a narrow
-    # head, on the scale ladder's models (38 minutes in the published run: 40 rounds, each timed call 16 steps); the
+    # head, on the scale ladder's models (41 minutes in the published run: 40 rounds, each timed call 16 steps); the
     # same at batch 8 after 256 tokens, 350M (12 minutes).
     Step("bench_decode_floor", "run_scripts/bench_decode_floor.py", ("--rungs", "6M,48.7M,125M,350M", "--rounds", "40",
                                                                      "--compiled", "1", "--narrow_head", "1"),
