@@ -92,8 +92,8 @@ PLAN = (
          ("--rungs", "350M", "--batch", "8", "--context", "256", "--rounds", "10"),
          ("--rungs", "tiny-32", "--batch", "2", "--context", "32", "--rounds", "1")),
     # What a small operator costs after a pause, without a model: the machine's share of the decode floor's excess
-    # (seconds).
-    Step("bench_pause_penalty", "run_scripts/bench_pause_penalty.py", ("--rounds", "200"), ("--rounds", "2")),
+    # (a minute).
+    Step("bench_pause_penalty", "run_scripts/bench_pause_penalty.py", ("--rounds", "1000"), ("--rounds", "2")),
     # Prefill against the plain forward and Llama, chunked against one shot (6M, 48.7M and 125M), 32,768 tokens (6M
     # and 48.7M; 43 minutes in the published run).
     Step("bench_prefill", "run_scripts/bench_prefill.py", ("--rungs", "6M,48.7M,125M"), ("--quick",)),
