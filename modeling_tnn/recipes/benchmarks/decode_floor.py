@@ -92,6 +92,13 @@ def linear_calls(step: Callable[[], object], model: torch.nn.Module) -> tuple[Ca
     return linears, len(replay)
 
 
+def linear_floor(model: torch.nn.Module, cache, batch: int) -> tuple[Callable[[], None], int]:
+    """The Linear calls of one decode step of ``model`` on ``cache`` (:func:`linear_calls`), replayed
+    ``DECODE_TOKENS`` times a call as the step is timed, and how many calls a step makes."""
+    linears, count = linear_calls(torch.no_grad()(decode_step(model, cache, batch, tokens=1)), model)
+    return consecutive(linears, DECODE_TOKENS), count
+
+
 @contextmanager
 def swapped_head(model: torch.nn.Module, head: torch.nn.Module):
     """``model.lm_head`` replaced by ``head`` inside the block, restored after (on error too)."""
@@ -110,12 +117,12 @@ def narrow_head_work(model: torch.nn.Module, cache, batch: int) -> tuple[Callabl
     head = torch.nn.Linear(width, width, bias=False)
     steps = torch.no_grad()(decode_step(model, cache, batch))
     with swapped_head(model, head):
-        linears, _ = linear_calls(torch.no_grad()(decode_step(model, cache, batch, tokens=1)), model)
+        floor, _ = linear_floor(model, cache, batch)
 
     def step():
         with swapped_head(model, head):
             steps()
-    return step, consecutive(linears, DECODE_TOKENS)
+    return step, floor
 
 
 def block_norms(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -173,9 +180,7 @@ def measure(args, name: str) -> dict:
              for model, net in (("tnn", tnn), ("llama", llama), ("llama static", llama))}
     floors, counts = {}, {}
     for model, net in (("tnn", tnn), ("llama", llama)):
-        one_step = torch.no_grad()(decode_step(net, caches[model], args.batch, tokens=1))
-        linears, counts[model] = linear_calls(one_step, net)
-        floors[model] = consecutive(linears, DECODE_TOKENS)
+        floors[model], counts[model] = linear_floor(net, caches[model], args.batch)
     parts_seconds = []
 
     def tnn_parts():  # the step with its parts timed, apart from the step itself (the timers cost a few us a call)
@@ -207,8 +212,8 @@ def measure(args, name: str) -> dict:
     quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else [paired[0]] * 3
     tnn_ms, floor_ms, llama_ms = ms["tnn", "step"], ms["tnn", "linear"], ms["llama", "step"]
     narrow_ms, narrow_floor_ms = ms.get(("tnn narrow head", "step")), ms.get(("tnn narrow head", "linear"))
-    narrow = (dict(narrow_head_step_ms=None, narrow_head_linear_ms=None, narrow_head_beyond_linear=None,
-                   head_share_ms=None) if narrow_ms is None else
+    narrow = (dict.fromkeys(("narrow_head_step_ms", "narrow_head_linear_ms", "narrow_head_beyond_linear",
+                             "head_share_ms")) if narrow_ms is None else
               dict(narrow_head_step_ms=narrow_ms, narrow_head_linear_ms=narrow_floor_ms,
                    narrow_head_beyond_linear=narrow_ms / narrow_floor_ms - 1,
                    head_share_ms=(tnn_ms - floor_ms) - (narrow_ms - narrow_floor_ms)))
